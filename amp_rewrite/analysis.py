@@ -1,0 +1,102 @@
+"""The state that the coloring passes share, and the questions they ask of it."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from onnx import TensorProto
+
+from .coloring import Color, Coloring
+from .graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Node, Value
+from .options import ConvertOptions
+from .policy import Policy
+from .precision import Precision
+
+FLOAT = TensorProto.FLOAT
+OFFLINE = "offline"
+"""Producer kind of initializers and Constant outputs: converted once, ahead of time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """The inputs and outputs of a node bound to a float32 type parameter that may change."""
+
+    inputs: frozenset[int]
+    outputs: frozenset[int]
+    params: frozenset[str]
+
+
+@dataclass
+class Analysis:
+    index: ModelIndex
+    options: ConvertOptions
+    base_dir: str | os.PathLike | None = None
+    slots: dict[int, Slots] = field(default_factory=dict)
+    coloring: Coloring = field(default_factory=Coloring)
+    unknown_ops: Counter = field(default_factory=Counter)
+    kept_constants: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    range_check: str = "not run"
+    measured_fp32: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.policy = Policy(self.options.provider, self.options.policy)
+
+    @property
+    def precision(self) -> Precision:
+        return self.options.precision
+
+    @property
+    def io_color(self) -> Color:
+        return Color.FP32 if self.options.keep_io_types else Color.LOW
+
+    def is_float(self, value: Value) -> bool:
+        return value.elem_type == FLOAT
+
+    def is_top_level_io(self, value: Value) -> bool:
+        return value.key[0] == 0 and value.source == GRAPH_INPUT
+
+    def producer_color(self, value: Value) -> Color | str:
+        """The precision a float32 value is produced in: a color, or OFFLINE for constants."""
+        if value.source == INITIALIZER:
+            return OFFLINE
+        if value.source == GRAPH_INPUT:
+            return self.io_color if value.key[0] == 0 else Color.FP32
+        node_id, index = value.producer
+        node = self.index.nodes[node_id]
+        if node.op_type == "Constant" and node.domain == "":
+            return OFFLINE
+        slots = self.slots.get(node_id)
+        if slots is not None and index in slots.outputs:
+            return self.coloring.color(node_id) or Color.FP32
+        return Color.FP32
+
+    def use_color(self, node_id: int, index: int) -> Color:
+        """The precision a node reads its input ``index`` in."""
+        slots = self.slots.get(node_id)
+        if slots is not None and index in slots.inputs:
+            return self.coloring.color(node_id) or Color.FP32
+        return Color.FP32
+
+    def output_color(self, graph_id: int) -> Color:
+        return self.io_color if graph_id == 0 else Color.FP32
+
+    def node(self, node_id: int) -> Node:
+        return self.index.nodes[node_id]
+
+    def slot_values(self, node_id: int):
+        """(is_input, index, value) for each convertible slot of a candidate node."""
+        node, slots = self.index.nodes[node_id], self.slots[node_id]
+        for i in slots.inputs:
+            yield True, i, self.index.values[node.inputs[i]]
+        for i in slots.outputs:
+            yield False, i, self.index.values[node.outputs[i]]
+
+
+class ColorPass(Protocol):
+    """An analysis step: reads the model, refines ``analysis.coloring``, edits nothing."""
+
+    def run(self, analysis: Analysis) -> None: ...

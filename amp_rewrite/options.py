@@ -1,0 +1,88 @@
+"""The configuration that ``convert`` takes; the CLI only builds one of these."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .errors import UserError
+from .kernels import PROVIDERS
+from .precision import Precision
+
+UNKNOWN_OP_MODES = ("keep", "warn", "error")
+POLICIES = ("default", "all-low")
+RANGE_CHECK_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class ConvertOptions:
+    """Options of :func:`amp_rewrite.convert`.
+
+    - ``precision``: "float16" or "bfloat16".
+    - ``provider``: execution provider whose kernels decide what may run in low
+      precision ("CUDAExecutionProvider", "CPUExecutionProvider"), or None to
+      follow the ONNX schemas alone.
+    - ``keep_io_types``: graph inputs and outputs stay float32.
+    - ``keep_fp32_ops`` / ``keep_fp32_nodes``: op types, node names or name
+      regular expressions kept in float32; ``force_low_ops`` / ``force_low_nodes``
+      put others in low precision whatever the lists say.
+    - ``unknown_ops``: ops the lists don't know: "keep" float32, "warn", or "error".
+    - ``policy``: "default", or "all-low" to put every convertible node in low
+      precision as other converters do (safety checks still apply).
+    - ``range_check``: run the model on generated inputs and keep nodes whose
+      values leave the target's range in float32: "auto" (models up to
+      ``range_check_max_bytes`` of weights), "on" or "off".
+    - ``activation_limit``: measured magnitudes above ``precision max / headroom``
+      count as overflow.
+    - ``underflow_share``: an initializer with more than this share of its
+      nonzero values flushing to zero keeps its consumers in float32.
+    """
+
+    precision: Precision | str = Precision.FLOAT16
+    provider: str | None = "CUDAExecutionProvider"
+    keep_io_types: bool = True
+    keep_fp32_ops: list[str] = field(default_factory=list)
+    keep_fp32_nodes: list[str] = field(default_factory=list)
+    force_low_ops: list[str] = field(default_factory=list)
+    force_low_nodes: list[str] = field(default_factory=list)
+    unknown_ops: str = "keep"
+    policy: str = "default"
+    range_check: str = "auto"
+    range_check_max_bytes: int = 1 << 30
+    headroom: float = 16.0
+    underflow_share: float = 0.01
+    seed: int = 0
+
+    def validated(self) -> ConvertOptions:
+        """Return a copy with enums resolved; raise UserError on a bad value."""
+        try:
+            precision = Precision(self.precision)
+        except ValueError:
+            raise UserError(f"unknown precision {self.precision!r}; choose float16 or bfloat16") from None
+        _choose("provider", self.provider, (*PROVIDERS, None))
+        _choose("unknown_ops", self.unknown_ops, UNKNOWN_OP_MODES)
+        _choose("policy", self.policy, POLICIES)
+        _choose("range_check", self.range_check, RANGE_CHECK_MODES)
+        for pattern in (*self.keep_fp32_nodes, *self.force_low_nodes):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UserError(f"node pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        if self.headroom < 1:
+            raise UserError(f"headroom must be at least 1, got {self.headroom}")
+        copy = ConvertOptions(**{**self.__dict__, "precision": precision})
+        return copy
+
+
+def _choose(name: str, value, allowed) -> None:
+    if value not in allowed:
+        shown = ", ".join(str(a) for a in allowed if a is not None)
+        raise UserError(f"unknown {name} {value!r}; choose one of: {shown}")
+
+
+def matches_node(name: str, patterns: list[str]) -> str | None:
+    """The first pattern equal to ``name`` or fully matching it as a regex."""
+    for pattern in patterns:
+        if pattern == name or re.fullmatch(pattern, name):
+            return pattern
+    return None

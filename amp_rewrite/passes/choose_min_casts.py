@@ -1,0 +1,127 @@
+"""ChooseMinCasts: color the free nodes so that the fewest bytes go through Cast nodes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+import networkx as nx
+
+from ..analysis import OFFLINE, Analysis
+from ..coloring import Color
+from ..graph import Value, ValueKey
+from ..sizes import ValueSizes
+
+CAST_BYTES_PER_ELEMENT = 6
+"""A cast between float32 and a 16-bit type reads one and writes the other."""
+
+Term = int | Color | str
+"""A free node id, a fixed color, or OFFLINE."""
+
+
+class ChooseMinCasts:
+    """Invariant: every free node is colored so that, with all fixed colors given, the
+    bytes moved through casts (one cast per value and target type) are minimal; among
+    minimal colorings the one with the fewest float32 nodes wins. Solved as a minimum
+    s-t cut per connected group of free nodes.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        free = set(analysis.coloring.free_nodes())
+        if not free:
+            return
+        sizes = ValueSizes(analysis.index)
+        for nodes, values in _components(analysis, free):
+            colors = _solve(analysis, sizes, nodes, values)
+            for node_id in nodes:
+                op_class = analysis.coloring.decisions[node_id].op_class
+                where = analysis.precision.value if colors[node_id] is Color.LOW else "float32"
+                analysis.coloring.choose(node_id, colors[node_id],
+                                         f"{op_class}: follows its neighbours into {where} (fewest cast bytes)")
+
+
+def value_terms(analysis: Analysis, value: Value, free: set[int]) -> tuple[Term, list[Term]]:
+    """The producer and the readers of a float32 value, each a free node or a fixed color."""
+    producer: Term
+    if value.producer and value.producer[0] in free and value.producer[1] in analysis.slots[value.producer[0]].outputs:
+        producer = value.producer[0]
+    else:
+        producer = analysis.producer_color(value)
+    readers: list[Term] = [
+        n if n in free and i in analysis.slots[n].inputs else analysis.use_color(n, i) for n, i in value.uses
+    ]
+    readers.extend(analysis.output_color(g) for g in value.output_of)
+    return producer, readers
+
+
+def cast_bytes(analysis: Analysis, sizes: ValueSizes, values: list[Value], colors: Mapping[int, Color],
+               free: set[int]) -> int:
+    """Bytes moved through casts for ``values`` when the free nodes take ``colors``."""
+    total = 0
+    for value in values:
+        producer, readers = value_terms(analysis, value, free)
+        if producer == OFFLINE:
+            continue
+        made = colors.get(producer, producer) if isinstance(producer, int) else producer
+        if any((colors[r] if isinstance(r, int) else r) != made for r in readers):
+            total += CAST_BYTES_PER_ELEMENT * sizes.elements(value)
+    return total
+
+
+def _components(analysis: Analysis, free: set[int]):
+    parent = {n: n for n in free}
+
+    def find(n: int) -> int:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    values: dict[ValueKey, Value] = {}
+    for node_id in free:
+        for _, _, value in analysis.slot_values(node_id):
+            values[value.key] = value
+    members: dict[ValueKey, list[int]] = {}
+    for key, value in values.items():
+        producer, readers = value_terms(analysis, value, free)
+        ends = [t for t in (producer, *readers) if isinstance(t, int)]
+        members[key] = ends
+        for other in ends[1:]:
+            parent[find(other)] = find(ends[0])
+    nodes_of: dict[int, list[int]] = defaultdict(list)
+    values_of: dict[int, list[Value]] = defaultdict(list)
+    for n in free:
+        nodes_of[find(n)].append(n)
+    for key, ends in members.items():
+        values_of[find(ends[0])].append(values[key])
+    for root, nodes in nodes_of.items():
+        yield sorted(nodes), values_of[root]
+
+
+def _solve(analysis: Analysis, sizes: ValueSizes, nodes: list[int], values: list[Value]) -> dict[int, Color]:
+    free = set(nodes)
+    scale = len(nodes) + 1  # bytes dominate; one unit per float32 node breaks ties
+    graph = nx.DiGraph()
+    graph.add_nodes_from(("S", "T"))
+    terminal = {Color.LOW: "S", Color.FP32: "T"}
+    for value in values:
+        producer, readers = value_terms(analysis, value, free)
+        if producer == OFFLINE:
+            continue
+        cost = CAST_BYTES_PER_ELEMENT * sizes.elements(value) * scale
+        source = terminal.get(producer, producer)
+        ends = {terminal.get(r, r) for r in readers} - {source}
+        if isinstance(source, str) and all(isinstance(e, str) for e in ends):
+            continue
+        down, up = ("down", value.key), ("up", value.key)
+        graph.add_edge(source, down, capacity=cost)
+        graph.add_edge(up, source, capacity=cost)
+        for end in ends:
+            graph.add_edge(down, end)
+            graph.add_edge(end, up)
+    for node_id in nodes:
+        graph.add_edge("S", node_id, capacity=1)
+    if graph.in_degree("T") == 0:  # nothing forces float32: all low costs nothing
+        return dict.fromkeys(nodes, Color.LOW)
+    _, (low_side, _) = nx.minimum_cut(graph, "S", "T")
+    return {n: Color.LOW if n in low_side else Color.FP32 for n in nodes}

@@ -1,0 +1,44 @@
+"""KeepUnfitConstants: constants whose values don't fit the target keep their readers in float32."""
+
+from __future__ import annotations
+
+from ..analysis import OFFLINE, Analysis
+from ..coloring import Color, Priority
+from ..graph import INITIALIZER
+from ..tensors import constant_tensor, judge_fit, read_array
+
+
+class KeepUnfitConstants:
+    """Invariant: no candidate reads, in a convertible slot, an initializer or Constant
+    whose values exceed the target's range or mostly flush to zero there, unless the
+    user forced it; a ConstantOfShape whose fill value doesn't fit stays float32. Such
+    values are kept, never clamped.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        index, options = analysis.index, analysis.options
+        for value in index.all_values():
+            if not analysis.is_float(value) or analysis.producer_color(value) != OFFLINE:
+                continue
+            readers = [(n, i) for n, i in value.uses if n in analysis.slots and i in analysis.slots[n].inputs
+                       and analysis.coloring.color(n) != Color.FP32]
+            if not readers:
+                continue
+            if value.source == INITIALIZER:
+                tensor, kind = index.initializers[value.key], "initializer"
+            else:
+                tensor, kind = constant_tensor(index.producer_node(value).proto), "Constant"
+            fit = judge_fit(read_array(tensor, analysis.base_dir), analysis.precision, options.underflow_share)
+            if fit.problem is None:
+                continue
+            analysis.kept_constants[value.name] = fit.problem
+            for node_id, _ in readers:
+                analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {fit.problem}",
+                                      Priority.SAFETY)
+        for node_id in analysis.slots:
+            node = index.nodes[node_id]
+            if node.op_type == "ConstantOfShape" and node.domain == "":
+                fill = constant_tensor(node.proto)
+                fit = judge_fit(read_array(fill, None), analysis.precision, options.underflow_share) if fill else None
+                if fit is not None and fit.problem:
+                    analysis.coloring.fix(node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY)

@@ -1,0 +1,74 @@
+"""Reading tensor data (embedded or external) and judging whether it fits a precision."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, numpy_helper
+
+from .errors import UserError
+from .precision import Precision
+
+
+def external_location(tensor: onnx.TensorProto) -> dict[str, str] | None:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> np.ndarray:
+    """The tensor's values; external data is read with one positioned read, not mapped."""
+    info = external_location(tensor)
+    if info is None:
+        return numpy_helper.to_array(tensor)
+    path = os.path.join(base_dir or ".", info["location"])
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            array = np.fromfile(f, dtype=dtype, count=count)
+    except OSError as exc:
+        raise UserError(f"cannot read external data of tensor {tensor.name!r}: {exc.strerror}: {path}") from None
+    if array.size != count:
+        raise UserError(f"external data of tensor {tensor.name!r} is truncated: {path}")
+    return array.reshape(tuple(tensor.dims))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether float32 values survive conversion to a low precision, and why not."""
+
+    max_abs: float
+    underflow_share: float
+    problem: str | None
+
+
+def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
+    finite = np.abs(array[np.isfinite(array)]).astype(np.float64, copy=False)
+    if finite.size == 0:
+        return Fit(0.0, 0.0, None)
+    max_abs = float(finite.max())
+    nonzero = finite[finite > 0]
+    flushed = float(np.count_nonzero(nonzero < precision.smallest_subnormal / 2)) / max(nonzero.size, 1)
+    problem = None
+    if max_abs > precision.max:
+        problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"
+    elif flushed > underflow_share:
+        problem = f"{flushed:.0%} of its nonzero values flush to zero in {precision.value}"
+    return Fit(max_abs, flushed, problem)
+
+
+def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a Constant node given as ``value`` (other forms are not float tensors)."""
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == AttributeProto.TENSOR:
+            return attr.t
+        if attr.name in ("value_float", "value_floats"):
+            values = [attr.f] if attr.name == "value_float" else list(attr.floats)
+            shape = () if attr.name == "value_float" else (len(values),)
+            return numpy_helper.from_array(np.array(values, np.float32).reshape(shape))
+    return None

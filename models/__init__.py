@@ -1,0 +1,1 @@
+"""Builders for amp-rewrite's sample and test models."""
