@@ -108,6 +108,9 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
 def _temp_beside(path: Path) -> str:
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # the permissions a plain open() would give
     return name
 
 
@@ -152,3 +155,17 @@ def _copy(source, length: int, sink) -> None:
             break
         sink.write(chunk)
         length -= len(chunk)
+
+
+def save_text(path: Path, text: str) -> None:
+    """Write a text file atomically."""
+    temp = _temp_beside(path)
+    try:
+        with open(temp, "w") as sink:
+            sink.write(text)
+        os.replace(temp, path)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)

@@ -59,6 +59,7 @@ _DENY = {
     **_group("random generator or window: output statistics and dtype are part of the contract",
              "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
              "BlackmanWindow", "HammingWindow", "HannWindow", "MelWeightMatrix"),
+    **_group("reinterprets bits: the bit width is part of the op's contract", "BitCast"),
     **_group("box or coordinate arithmetic: float16 rounding moves coordinates by pixels",
              "RoiAlign", "MaxRoiPool", "AffineGrid", "NonMaxSuppression"),
 }
@@ -91,7 +92,7 @@ _CLEAR = {
              "TensorScatter", "Expand", "Tile", "Pad", "CenterCropPad", "DepthToSpace", "SpaceToDepth",
              "Compress", "ReverseSequence", "Trilu", "OneHot", "Unique", "NonZero", "Shape", "Size",
              "EyeLike", "Dropout", "Optional", "OptionalGetElement", "OptionalHasElement", "MaxUnpool",
-             "CastLike", "Cast", "ConstantOfShape", "BitCast"),
+             "CastLike", "Cast", "ConstantOfShape"),
     **_group("selection: max/min pick an input value unchanged",
              "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"),
 }
@@ -103,11 +104,13 @@ OP_CLASSES: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType
     CLEAR: MappingProxyType(_CLEAR),
 })
 
-# Where a provider's low-precision kernel accumulates in float32 internally,
-# running the op in low precision is both safe and faster than casting around it.
+# Where a provider's low-precision kernel accumulates in float32 internally, the
+# op is safe in low precision: it becomes ``infer`` and runs low wherever its
+# neighbours do (faster than casting around it), but is never forced low
+# (memory-bound ops gain nothing from casts added just for them).
 PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[str, tuple[str, str]]] = MappingProxyType({
     "CUDAExecutionProvider": MappingProxyType({
-        op: (ALLOW, f"CUDA's float16 {op} kernel accumulates its statistics in float32")
+        op: (INFER, f"CUDA's low-precision {op} kernel accumulates in float32, so it is safe there")
         for op in ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                    "SkipSimplifiedLayerNormalization", "InstanceNormalization", "GroupNorm",
                    "Softmax", "LogSoftmax")
@@ -123,10 +126,11 @@ KEEP_FP32_TYPE_PARAMS: MappingProxyType[str, dict[str, str]] = MappingProxyType(
 })
 
 # Ops whose output element type is fixed by an attribute; a low-precision
-# coloring rewrites that attribute (``Cast.to``, ``ConstantOfShape.value``).
+# coloring rewrites that attribute (an int data type, or a tensor's values).
 RETYPED_BY_ATTRIBUTE: MappingProxyType[str, str] = MappingProxyType({
     "Cast": "to",
     "ConstantOfShape": "value",
+    "EyeLike": "dtype",
 })
 
 # Ops that own subgraphs: their own inputs and outputs keep their types, their

@@ -10,8 +10,9 @@ from ..schemas import signature
 
 class FindCandidates:
     """Invariant: ``analysis.slots`` holds exactly the nodes with at least one input or
-    output bound to a schema type parameter that is float32 here and admits the target
-    type, less the parameters the op lists keep float32. Ops with no schema that touch
+    output bound to a schema type parameter that is float32 at every slot, admits the
+    target type, binds an input (or an attribute fixes it), and is not kept float32 by
+    the op lists. Ops with no schema that touch
     float32 tensors are counted in ``analysis.unknown_ops``; they keep their types.
     """
 
@@ -41,16 +42,16 @@ class FindCandidates:
                 types.setdefault(formal, set()).add(index.values[key].elem_type)
         target = analysis.precision.schema_type
         kept = analysis.policy.keep_fp32_params(node.op_type)
+        retyped = node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == ""
         params = frozenset(
             p for p, seen in types.items()
-            if FLOAT in seen and seen <= {FLOAT, None} and target in sig.allowed[p] and p not in kept
+            if seen == {FLOAT} and target in sig.allowed[p] and p not in kept
+            and (retyped or any(is_input for is_input, _ in bound[p]))  # else the op derives its type
         )
         inputs = frozenset(i for p in params for is_input, i in bound[p] if is_input)
         outputs = frozenset(i for p in params for is_input, i in bound[p] if not is_input)
-        if node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == "" and not outputs:
+        if retyped and not outputs:
             return None  # its output type comes from an attribute and is not float32
         if not params:
             return None
-        for is_input, i in (s for p in params for s in bound[p]):
-            index.values[(node.inputs if is_input else node.outputs)[i]].elem_type = FLOAT
         return Slots(inputs, outputs, params)

@@ -13,6 +13,9 @@ _CONSTANT_ATTRIBUTE_TYPES = {
     "value_int": TensorProto.INT64, "value_ints": TensorProto.INT64,
     "value_string": TensorProto.STRING, "value_strings": TensorProto.STRING,
 }
+# Output types of ops whose type attribute is absent and whose output is not tied to an input.
+_DEFAULT_OUTPUT_TYPES = {"ConstantOfShape": TensorProto.FLOAT, "RandomNormal": TensorProto.FLOAT,
+                         "RandomUniform": TensorProto.FLOAT, "Multinomial": TensorProto.INT32}
 # For control-flow ops: node output i is subgraph output i + offset.
 _SUBGRAPH_OUTPUT_OFFSET = {"If": 0, "Loop": 1, "Scan": 0}
 
@@ -54,18 +57,17 @@ class InferTypes:
 
 
 def _attribute_type(node: Node) -> int | None:
+    """The output type an attribute fixes: ``to``/``dtype``, or a Constant's value."""
     if node.domain != "":
         return None
     for attr in node.proto.attribute:
-        if node.op_type == "Cast" and attr.name == "to":
+        if attr.name in ("to", "dtype") and attr.type == AttributeProto.INT:
             return attr.i
         if node.op_type in ("Constant", "ConstantOfShape") and attr.type == AttributeProto.TENSOR:
             return attr.t.data_type
         if node.op_type == "Constant" and attr.name in _CONSTANT_ATTRIBUTE_TYPES:
             return _CONSTANT_ATTRIBUTE_TYPES[attr.name]
-    if node.op_type == "ConstantOfShape":
-        return TensorProto.FLOAT
-    return None
+    return _DEFAULT_OUTPUT_TYPES.get(node.op_type)
 
 
 def _subgraph_types(analysis: Analysis, node: Node) -> dict[int, int] | None:

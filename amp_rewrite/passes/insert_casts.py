@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from ..analysis import FLOAT, OFFLINE, Analysis
 from ..coloring import Color
 from ..graph import INITIALIZER, Node, Value
+from ..oplists import RETYPED_BY_ATTRIBUTE
 from ..tensors import constant_tensor, external_location, read_array
 
 SOURCE_TYPE_KEY = "amp_rewrite.source_type"
@@ -79,6 +80,8 @@ class InsertCasts:
             if decision.color is Color.LOW:
                 _retype_attribute(analysis.index.nodes[node_id], self.low, analysis)
         self.edits.apply(analysis)
+        if self.stats.casts and "" not in analysis.index.opsets:
+            _import_default_domain(analysis.index.model)
         return self.stats
 
     # -- per value ---------------------------------------------------------------------------
@@ -202,6 +205,12 @@ class InsertCasts:
                 info.type.tensor_type.elem_type = elem_type
 
 
+def _import_default_domain(model: onnx.ModelProto) -> None:
+    """Casts need the default domain: import the newest opset the model's IR version allows."""
+    opset = max((row[2] for row in helper.VERSION_TABLE if row[1] <= model.ir_version), default=13)
+    model.opset_import.add(domain="", version=opset)
+
+
 def _short(analysis: Analysis, color: Color | str) -> str:
     return analysis.precision.short if color is Color.LOW else "fp32"
 
@@ -225,13 +234,13 @@ def _set_constant(node: onnx.NodeProto, tensor: onnx.TensorProto) -> None:
 
 
 def _retype_attribute(node: Node, low: int, analysis: Analysis) -> None:
-    if node.domain != "":
+    """Point the attribute that fixes a low node's output type at the low type."""
+    name = RETYPED_BY_ATTRIBUTE.get(node.op_type) if node.domain == "" else None
+    if name is None:
         return
-    if node.op_type == "Cast":
-        for attr in node.proto.attribute:
-            if attr.name == "to":
-                attr.i = low
+    attr = next((a for a in node.proto.attribute if a.name == name), None)
+    if attr is not None and attr.type == AttributeProto.INT:
+        attr.i = low
     elif node.op_type == "ConstantOfShape":
-        fill = constant_tensor(node.proto)
-        array = read_array(fill, None) if fill is not None else np.zeros(1, np.float32)
+        array = read_array(attr.t, None) if attr is not None else np.zeros(1, np.float32)
         _set_constant(node.proto, numpy_helper.from_array(array.astype(analysis.precision.numpy_type)))

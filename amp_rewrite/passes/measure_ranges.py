@@ -112,7 +112,7 @@ def _measure(analysis: Analysis, watched: list[Value], seed: int) -> dict[str, f
             model.graph.output.append(helper.make_tensor_value_info(value.name, TensorProto.FLOAT, None))
     session_options = ort.SessionOptions()
     session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session_options.log_severity_level = 3
+    session_options.log_severity_level = 4
     if analysis.base_dir:
         session_options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(analysis.base_dir))

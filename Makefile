@@ -1,0 +1,39 @@
+# Set-up is two commands on a fresh machine: `make demo` and `make test`.
+# ORT selects the ONNX Runtime package: gpu (onnxruntime-gpu, default), cpu (onnxruntime),
+# or none (keep whichever onnxruntime the environment already has).
+PYTHON ?= python3
+ORT ?= gpu
+VENV := .venv
+PY := $(VENV)/bin/python
+EXTRAS := $(if $(filter none,$(ORT)),test,$(ORT),test)
+STAMP := $(VENV)/.installed-$(ORT)
+
+.PHONY: install demo test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: install
+	$(PY) -m models out/demo
+	$(VENV)/bin/amp-rewrite convert out/demo/transformer.onnx -o out/demo/transformer.mixed.onnx \
+		--report out/demo/transformer.report.json
+	$(VENV)/bin/amp-rewrite convert out/demo/seed_cnn.onnx -o out/demo/seed_cnn.mixed.onnx
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+lint: install
+	$(PY) -m ruff check amp_rewrite models tests benchmarks
+
+bench: install
+	$(PY) -m pip install -q -e ".[$(EXTRAS),bench]"
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) out benchmarks/work

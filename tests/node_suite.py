@@ -1,0 +1,145 @@
+"""Running the ONNX backend node test cases through convert (shared by the test and the bench)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx.reference import ReferenceEvaluator
+
+from amp_rewrite import convert
+
+RTOL = 1e-2
+"""fp16 tolerance: 10 ulps of float16 relative to each element ..."""
+SCALE_ATOL = 4e-3
+"""... plus 4 ulps relative to the output's largest magnitude (cancellation in sums)."""
+
+
+def float_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases(None)
+    for case in cases:
+        graph = case.model.graph
+        if any(v.type.tensor_type.elem_type == TensorProto.FLOAT for v in (*graph.input, *graph.output)):
+            yield case
+
+
+@dataclass
+class CaseResult:
+    name: str
+    ok: bool
+    detail: str = ""
+    low_nodes: int = 0
+
+
+def evaluate(model: onnx.ModelProto, feeds: dict) -> list:
+    """Outputs from onnx's reference evaluator, or from ONNX Runtime's CPU provider for
+    the few ops the evaluator lacks (Scatter) or gets wrong (Scan with an outer-scope sum)."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            return ReferenceEvaluator(model).run(None, feeds)
+        except Exception:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.log_severity_level = 4
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            return session.run(None, feeds)
+
+
+def reference_reproduces(case) -> bool:
+    """Whether the evaluators, on the float32 model, give the case's expected outputs."""
+    for inputs, expected in case.data_sets:
+        try:
+            actual = evaluate(case.model, {i.name: _numpy(a) for i, a in zip(case.model.graph.input, inputs)})
+        except Exception:
+            return False
+        if any(compare(g, w) for g, w in zip(actual, expected)):
+            return False
+    return True
+
+
+def passes_full_check(model: onnx.ModelProto) -> bool:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+        return False
+    return True
+
+
+def run_case(case, keep_io_types: bool, provider: str | None = None) -> CaseResult:
+    """Convert one case, check it, and compare its outputs with the expected ones.
+
+    The converted model must pass the full checker whenever the original does (a
+    few originals fail onnx's own function-body inference); otherwise the plain
+    checker. Where no evaluator reproduces the expected outputs from the float32
+    model itself (random ops, float8 rounding), the converted model is compared
+    with the original run through the same evaluator instead.
+    """
+    model, report = convert(case.model, provider=provider, keep_io_types=keep_io_types)
+    onnx.checker.check_model(model, full_check=passes_full_check(case.model))
+    if model.SerializeToString() == case.model.SerializeToString():
+        return CaseResult(case.name, True, "unchanged")
+    reproduced = reference_reproduces(case)
+    inputs_by_name = {v.name: v for v in model.graph.input}
+    for inputs, expected in case.data_sets:
+        feeds = {info.name: _as_type(array, inputs_by_name[info.name].type.tensor_type.elem_type)
+                 for info, array in zip(case.model.graph.input, inputs)}
+        if not reproduced:
+            expected = evaluate(case.model, {i.name: _numpy(a) for i, a in zip(case.model.graph.input, inputs)})
+        actual = evaluate(model, feeds)
+        for info, got, want in zip(case.model.graph.output, actual, expected):
+            problem = compare(got, want)
+            if problem:
+                return CaseResult(case.name, False, f"{info.name}: {problem}", report.low_nodes)
+    return CaseResult(case.name, True, low_nodes=report.low_nodes)
+
+
+def _numpy(value):
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, (list, tuple)):
+        return [_numpy(v) for v in value]
+    return value
+
+
+def _as_type(array, elem_type: int):
+    array = _numpy(array)
+    low = elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    if isinstance(array, (np.ndarray, np.generic)) and array.dtype == np.float32 and low:
+        return np.asarray(array).astype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    return array
+
+
+def compare(got, want) -> str | None:
+    """Why ``got`` is not ``want`` within fp16 tolerance, or None (sequences compared itemwise)."""
+    if isinstance(want, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(want):
+            return "sequence length differs"
+        return next((p for g, w in zip(got, want) if (p := compare(g, w))), None)
+    got, want = np.asarray(_numpy(got)), np.asarray(_numpy(want))
+    if want.dtype.kind not in "fc" or got.dtype.kind not in "fc":
+        if got.shape != want.shape or not np.array_equal(got, want):
+            return "integer or boolean output differs"
+        return None
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    if got64.shape != want64.shape:
+        return f"shape {got64.shape} != {want64.shape}"
+    finite = np.isfinite(want64)
+    if not np.array_equal(np.isnan(got64), np.isnan(want64)) or not np.array_equal(
+            got64[~finite & ~np.isnan(want64)], want64[~finite & ~np.isnan(want64)]):
+        return "NaN/Inf pattern differs"
+    if not finite.any():
+        return None
+    scale = float(np.abs(want64[finite]).max())
+    err = np.abs(got64[finite] - want64[finite])
+    bound = RTOL * np.abs(want64[finite]) + SCALE_ATOL * scale + 1e-6
+    worst = float((err / bound).max())
+    return None if worst <= 1 else f"error {float(err.max()):.3g} beyond tolerance (x{worst:.1f}), scale {scale:.3g}"
