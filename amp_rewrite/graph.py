@@ -119,11 +119,11 @@ class ModelIndex:
             self.subgraphs.setdefault(owner, []).append(graph.id)
         infos = {vi.name: vi.type for vi in proto.value_info}
         infos.update((vi.name, vi.type) for vi in proto.output)
+        weights = {t.name for t in proto.initializer}
         for vi in proto.input:
-            self._define(graph, vi.name, GRAPH_INPUT, vi.type)
+            if vi.name not in weights:  # an initializer listed as an input (IR < 4 style) is a weight
+                self._define(graph, vi.name, GRAPH_INPUT, vi.type)
         for tensor in proto.initializer:
-            if tensor.name in graph.scope:  # an initializer that is also a graph input: overridable
-                continue
             value = self._define(graph, tensor.name, INITIALIZER)
             value.elem_type, value.shape = tensor.data_type, tuple(tensor.dims)
             self.initializers[value.key] = tensor

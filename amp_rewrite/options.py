@@ -34,8 +34,8 @@ class ConvertOptions:
       ``range_check_max_bytes`` of weights), "on" or "off".
     - ``activation_limit``: measured magnitudes above ``precision max / headroom``
       count as overflow.
-    - ``underflow_share``: an initializer with more than this share of its
-      nonzero values flushing to zero keeps its consumers in float32.
+    - ``underflow_share``: a constant whose values that flush to zero carry more
+      than this share of its L2 norm keeps its readers in float32.
     """
 
     precision: Precision | str = Precision.FLOAT16

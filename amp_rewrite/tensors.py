@@ -43,23 +43,27 @@ class Fit:
     """Whether float32 values survive conversion to a low precision, and why not."""
 
     max_abs: float
-    underflow_share: float
+    lost_share: float
     problem: str | None
 
 
 def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
-    finite = np.abs(array[np.isfinite(array)]).astype(np.float64, copy=False)
+    """Overflow: any finite |x| above the type's max. Underflow: the values that round
+    to zero carry more than ``underflow_share`` of the tensor's L2 norm (a lone
+    epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing)."""
+    magnitudes = np.abs(array.astype(np.float64, copy=False)).ravel()
+    finite = magnitudes[np.isfinite(magnitudes)] if not np.isfinite(magnitudes).all() else magnitudes
     if finite.size == 0:
         return Fit(0.0, 0.0, None)
     max_abs = float(finite.max())
-    nonzero = finite[finite > 0]
-    flushed = float(np.count_nonzero(nonzero < precision.smallest_subnormal / 2)) / max(nonzero.size, 1)
-    problem = None
     if max_abs > precision.max:
-        problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"
-    elif flushed > underflow_share:
-        problem = f"{flushed:.0%} of its nonzero values flush to zero in {precision.value}"
-    return Fit(max_abs, flushed, problem)
+        return Fit(max_abs, 0.0, f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}")
+    tiny = finite[finite < precision.smallest_subnormal / 2]
+    total = float(np.dot(finite, finite))
+    lost = float(np.sqrt(np.dot(tiny, tiny) / total)) if tiny.size and total > 0 else 0.0
+    if lost > underflow_share:
+        return Fit(max_abs, lost, f"{lost:.0%} of its magnitude in values that flush to zero in {precision.value}")
+    return Fit(max_abs, lost, None)
 
 
 def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:

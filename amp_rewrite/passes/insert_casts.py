@@ -147,7 +147,10 @@ class InsertCasts:
                 copy = onnx.TensorProto()
                 copy.CopyFrom(tensor)
                 copy.name = self._unique(f"{value.name}_{self.analysis.precision.short}")
-                self.analysis.index.graphs[value.key[0]].proto.initializer.append(copy)
+                graph = self.analysis.index.graphs[value.key[0]].proto
+                graph.initializer.append(copy)
+                if self.analysis.index.model.ir_version < 4:  # IR < 4 lists every initializer as an input
+                    graph.input.append(helper.make_tensor_value_info(copy.name, self.low, list(copy.dims)))
                 self._redirect(needs[Color.LOW], copy.name)
                 tensor, self.stats.initializer_copies = copy, self.stats.initializer_copies + 1
             else:
