@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, helper, numpy_helper
 
 from ..analysis import FLOAT, OFFLINE, Analysis
 from ..coloring import Color
@@ -18,9 +18,6 @@ from ..tensors import constant_tensor, external_location, read_array
 SOURCE_TYPE_KEY = "amp_rewrite.source_type"
 """Marks an external tensor whose bytes are still float32, to be converted when saved."""
 
-# Casting x -> float32 -> T equals x -> T when float32 holds every x exactly.
-EXACT_IN_FLOAT = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT8,
-                            TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.BOOL})
 
 
 @dataclass
@@ -119,9 +116,8 @@ class InsertCasts:
         to = self._onnx_type(color)
         producer = self.analysis.index.producer_node(value)
         if producer is not None and producer.op_type == "Cast" and producer.domain == "":
-            origin = self.analysis.index.values.get(producer.inputs[0])
-            if origin is not None and origin.elem_type in EXACT_IN_FLOAT:
-                source = producer.proto.input[0]  # fold the chain: read the Cast's own input
+            # Fold the chain: casting the Cast's own input rounds once, as the original model did.
+            source = producer.proto.input[0]
         node = helper.make_node("Cast", [source], [target], to=to, name=self._unique(f"{target}_cast"))
         self.edits.after(self.analysis, value, [node])
         self.stats.casts += 1
@@ -144,11 +140,10 @@ class InsertCasts:
         if value.source == INITIALIZER:
             tensor = self.analysis.index.initializers[value.key]
             if shared:
-                copy = onnx.TensorProto()
+                graph = self.analysis.index.graphs[value.key[0]].proto
+                copy = graph.initializer.add()  # add(), not append(): append would store a copy of it
                 copy.CopyFrom(tensor)
                 copy.name = self._unique(f"{value.name}_{self.analysis.precision.short}")
-                graph = self.analysis.index.graphs[value.key[0]].proto
-                graph.initializer.append(copy)
                 if self.analysis.index.model.ir_version < 4:  # IR < 4 lists every initializer as an input
                     graph.input.append(helper.make_tensor_value_info(copy.name, self.low, list(copy.dims)))
                 self._redirect(needs[Color.LOW], copy.name)
@@ -165,11 +160,11 @@ class InsertCasts:
             node.name = self._unique(f"{producer.label}_{self.analysis.precision.short}")
             node.output[0] = self._unique(f"{value.name}_{self.analysis.precision.short}")
             self._redirect(needs[Color.LOW], node.output[0])
+            _set_constant(node, self._converted(constant_tensor(node)))
             self.edits.after(self.analysis, value, [node])
         else:
-            node = producer.proto
             self._set_type(value.key[0], value.name, self.low)
-        _set_constant(node, self._converted(constant_tensor(node)))
+            _set_constant(producer.proto, self._converted(constant_tensor(producer.proto)))
         self.stats.constants_converted += 1
 
     def _redirect(self, uses, name: str) -> None:

@@ -1,0 +1,3 @@
+import warnings
+
+warnings.filterwarnings("ignore", category=RuntimeWarning, module="onnx.backend.test.case.node")

@@ -1,0 +1,253 @@
+"""Coloring rules, one per test: nodes are named after the color they must get."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from amp_rewrite import ConvertOptions, UserError, analyze, convert
+from tests.helpers import cast_count, colors, model, rng, run
+
+W = {"w": rng().standard_normal((4, 4)).astype(np.float32), "w2": rng(1).standard_normal((4, 4)).astype(np.float32)}
+
+
+def schema_only(**kw):
+    return dict(provider=None, range_check="off", **kw)
+
+
+def test_allow_goes_low_deny_stays_fp32_and_infer_follows_neighbours():
+    """Rule: allow ops are low; deny ops fp32; infer/clear ops between allow ops follow them."""
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [inf1] b = Relu(a)
+        [clr1] c = Transpose<perm=[0,1]>(b)
+        [allow2] d = MatMul(c, w2)
+        [deny1] y = Softmax(d)
+    }""", W)
+    out, report = convert(m, **schema_only())
+    assert colors(out) == {"allow1": "low", "inf1": "low", "clr1": "low", "allow2": "low", "deny1": "fp32"}
+    assert cast_count(out) == 2  # x -> fp16, d -> fp32
+    x = rng(2).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(out, x=x)[0], run(m, x=x)[0], rtol=1e-2, atol=1e-3)
+    assert {d.node: d.op_class for d in report.decisions} == {
+        "allow1": "allow", "inf1": "infer", "clr1": "clear", "allow2": "allow", "deny1": "deny"}
+
+
+def test_values_downstream_of_deny_stay_fp32_until_an_allow_op():
+    """Rule: deny propagates forward through infer and clear ops, stopping at allow ops."""
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [deny1] a = Exp(x)
+        [inf1] b = Add(a, a)
+        [clr1] c = Reshape(b, shape)
+        [allow1] d = MatMul(c, w)
+        [inf2] y = Relu(d)
+    }""", {**W, "shape": np.array([2, 4], np.int64)})
+    out, report = convert(m, **schema_only(keep_io_types=False))
+    assert colors(out) == {"deny1": "fp32", "inf1": "fp32", "clr1": "fp32", "allow1": "low", "inf2": "low"}
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "downstream of deny node 'deny1'" in reasons["inf1"]
+
+
+def test_infer_ops_alone_between_fp32_inputs_and_outputs_are_left_unchanged():
+    """Rule: low precision is never chosen when it only adds casts; such a model is returned unchanged."""
+    m = model("(float[2,4] x) => (float[2,4] y) { [inf1] a = Relu(x) \n [inf2] y = Add(a, x) }")
+    out, report = convert(m, **schema_only())
+    assert out.SerializeToString() == m.SerializeToString()
+    assert report.low_nodes == 0 and report.casts_inserted == 0
+
+
+def test_one_cast_per_tensor_and_type_shared_by_all_readers():
+    """Rule: a value read in low precision by three nodes is cast once."""
+    m = model("""(float[2,4] x) => (float[2,4] a, float[2,4] b, float[2,4] c) {
+        [allow1] a = MatMul(x, w)
+        [allow2] b = MatMul(x, w2)
+        [allow3] c = MatMul(x, w)
+    }""", W)
+    out, _ = convert(m, **schema_only())
+    casts_of_x = [n for n in out.graph.node if n.op_type == "Cast" and n.input[0] == "x"]
+    assert len(casts_of_x) == 1
+    assert [o.name for o in out.graph.output] == ["a", "b", "c"]
+    assert all(o.type.tensor_type.elem_type == 1 for o in out.graph.output)
+
+
+def test_no_cast_reads_a_cast_and_no_round_trips():
+    """Rule: a value produced by a Cast is re-cast from that Cast's input, never chained."""
+    m = model("""(int32[2,4] ids) => (float[2,4] y, float[2,4] z) {
+        [clr1] f = Cast<to=1>(ids)
+        [allow1] y = MatMul(f, w)
+        [deny1] z = Exp(f)
+    }""", W)
+    out, _ = convert(m, **schema_only())
+    producers = {o: n for n in out.graph.node for o in n.output}
+    for node in out.graph.node:
+        if node.op_type == "Cast" and node.input[0] in producers:
+            assert producers[node.input[0]].op_type != "Cast", "a Cast reads a Cast"
+    ids = np.arange(8, dtype=np.int32).reshape(2, 4)
+    for got, want in zip(run(out, ids=ids), run(m, ids=ids)):
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_existing_cast_to_float_is_retyped_instead_of_cast_again():
+    """Rule: Cast(to=FLOAT) from an int feeding only low nodes becomes Cast(to=FLOAT16)."""
+    m = model("""(int64[2,4] ids) => (float[2,4] y) {
+        [clr1] f = Cast<to=1>(ids)
+        [allow1] y = MatMul(f, w)
+    }""", W)
+    out, report = convert(m, **schema_only())
+    cast = next(n for n in out.graph.node if n.name == "clr1")
+    assert cast.attribute[0].i == 10
+    assert report.casts_inserted == 1  # only the graph output
+
+
+def test_initializer_read_in_both_precisions_gets_one_copy_each():
+    """Rule: constants convert offline; a copy per precision only when both are read."""
+    m = model("""(float[2,4] x) => (float[2,4] y, float[2,4] z) {
+        [allow1] y = MatMul(x, w)
+        [kept1] z = MatMul(x, w)
+    }""", W)
+    out, report = convert(m, **schema_only(keep_fp32_nodes=["kept1"]))
+    types = {t.name: t.data_type for t in out.graph.initializer}
+    assert types["w"] == 1 and types["w_fp16"] == 10
+    assert report.initializer_copies == 1
+
+
+def test_initializer_only_read_low_is_converted_in_place():
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": W["w"]})
+    out, report = convert(m, **schema_only())
+    assert [(t.name, t.data_type) for t in out.graph.initializer] == [("w", 10)]
+    assert report.initializers_converted == 1 and report.initializer_copies == 0
+
+
+@pytest.mark.parametrize("values, why", [
+    (np.full((4, 4), 1e5, np.float32), "beyond float16's 65504"),
+    (np.full((4, 4), 1e-12, np.float32), "flush to zero"),
+])
+def test_initializers_that_do_not_fit_keep_their_readers_fp32(values, why):
+    """Rule: values that overflow or vanish in float16 are kept, never clamped."""
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": values})
+    out, report = convert(m, **schema_only())
+    assert colors(out) == {"allow1": "fp32"}
+    assert why in report.decisions[0].reason
+    assert out.graph.initializer[0].data_type == 1
+    assert "w" in report.constants_kept_fp32
+
+
+def test_constant_of_shape_fill_that_overflows_stays_fp32():
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [clr1] mask = ConstantOfShape<value=float[1] {-1e9}>(shape)
+        [inf1] s = Add(x, mask)
+        [allow1] y = MatMul(s, w)
+    }""", {"w": W["w"], "shape": np.array([2, 4], np.int64)})
+    out, report = convert(m, **schema_only())
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "fill value" in reasons["clr1"]
+    assert colors(out)["clr1"] == "fp32"
+
+
+def test_resize_roi_and_scales_keep_their_types():
+    """Rule: per-input rules from the schemas (Resize roi is T2, scales is fixed float)."""
+    m = model("""(float[1,1,2,2] x) => (float[1,1,4,4] y) {
+        [allow1] a = Conv(x, k)
+        [inf1] y = Resize<mode="linear">(a, roi, scales)
+    }""", {"k": np.ones((1, 1, 1, 1), np.float32), "roi": np.array([], np.float32),
+           "scales": np.array([1, 1, 2, 2], np.float32)})
+    out, _ = convert(m, **schema_only(keep_io_types=False))
+    resize = next(n for n in out.graph.node if n.name == "inf1")
+    types = {t.name: t.data_type for t in out.graph.initializer}
+    assert types[resize.input[1]] == 1 and types[resize.input[2]] == 1
+    assert colors(out)["inf1"] == "low"
+
+
+def test_layer_norm_follows_neighbours_on_cuda_but_is_denied_without_a_provider():
+    text = """(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [ln] b = LayerNormalization<axis=-1>(a, g, beta)
+        [allow2] y = MatMul(b, w2)
+    }"""
+    m = model(text, {**W, "g": np.ones(4, np.float32), "beta": np.zeros(4, np.float32)})
+    assert colors(convert(m, provider="CUDAExecutionProvider", range_check="off")[0])["ln"] == "low"
+    assert colors(convert(m, **schema_only())[0])["ln"] == "fp32"
+
+
+def test_provider_without_a_low_kernel_keeps_the_node_fp32():
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": W["w"]})
+    out, report = convert(m, provider="CPUExecutionProvider", range_check="off")
+    assert colors(out) == {"allow1": "fp32"}
+    assert "has no float16 kernel for MatMul" in report.decisions[0].reason
+
+
+def test_cuda_kernel_table_decides_by_opset_and_type():
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": W["w"]})
+    assert colors(convert(m, provider="CUDAExecutionProvider", range_check="off")[0]) == {"allow1": "low"}
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [inf1] b = Atan(a)
+        [allow2] y = MatMul(b, w2)
+    }""", W)
+    out, report = convert(m, provider="CUDAExecutionProvider", range_check="off")
+    assert colors(out) == {"allow1": "low", "inf1": "fp32", "allow2": "low"}
+    assert "no float16 kernel for Atan at opset 17" in report.decisions[1].reason
+    old = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": W["w"]}, opset=9)
+    _, report = convert(old, provider="CUDAExecutionProvider", precision="bfloat16", range_check="off")
+    assert report.candidates == 0  # MatMul-9's schema has no bfloat16
+
+
+def test_user_overrides_win_over_policy():
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [allow_kept] b = MatMul(a, w2)
+        [deny_forced] y = Softmax(b)
+    }""", W)
+    out, report = convert(m, **schema_only(keep_fp32_nodes=["allow_k.*"], force_low_ops=["Softmax"]))
+    assert colors(out) == {"allow1": "low", "allow_kept": "fp32", "deny_forced": "low"}
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert reasons["allow_kept"] == "user override --keep-fp32-node allow_k.*"
+    assert reasons["deny_forced"] == "user override --force-low-op Softmax"
+
+
+def test_unknown_ops_follow_the_chosen_mode():
+    text = """(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [custom] y = Frobnicate(a)
+    }"""
+    m = model(text.replace("Frobnicate", "Relu"), {"w": W["w"]})
+    m.graph.node[1].op_type, m.graph.node[1].domain = "Frobnicate", "com.example"
+    m.opset_import.add(domain="com.example", version=1)
+    out, report = convert(m, **schema_only())
+    assert report.unknown_ops == {"com.example.Frobnicate": 1}
+    assert cast_count(out) == 2  # around the MatMul; the custom op reads float32
+    with pytest.raises(UserError, match="com.example.Frobnicate"):
+        convert(m, **schema_only(unknown_ops="error"))
+    assert any("Frobnicate" in n for n in convert(m, **schema_only(unknown_ops="warn"))[1].notes)
+
+
+def test_range_check_keeps_overflowing_values_fp32_with_the_measured_figure():
+    big = np.full((4, 4), 3000.0, np.float32)  # fits float16, but x @ w reaches ~1e4 * |x|
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [allow2] y = MatMul(a, w2)
+    }""", {"w": big, "w2": W["w2"]})
+    out, report = convert(m, provider=None)
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "on generated inputs" in reasons["allow1"] and "beyond 4094" in reasons["allow1"]
+    assert colors(out) == {"allow1": "fp32", "allow2": "fp32"}
+    assert report.range_check.startswith("measured")
+
+
+def test_bfloat16_target_uses_bfloat16_types():
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] a = MatMul(x, w) \n [inf1] y = Relu(a) }",
+              {"w": W["w"]})
+    out, report = convert(m, provider=None, precision="bfloat16")
+    assert out.graph.initializer[0].data_type == 16
+    assert report.range_check.startswith("skipped: bfloat16")
+    x = rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(out, x=x)[0], run(m, x=x)[0], rtol=3e-2, atol=3e-2)
+
+
+def test_every_decision_has_a_reason_and_analyze_edits_nothing():
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] a = MatMul(x, w) \n [deny1] y = Exp(a) }",
+              {"w": W["w"]})
+    before = m.SerializeToString()
+    analysis = analyze(m, ConvertOptions(provider=None, range_check="off"))
+    assert m.SerializeToString() == before
+    assert all(d.reason for d in analysis.coloring.decisions.values())
