@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import oplists
-from .oplists import ALLOW
+from .oplists import ALLOW, DENY, INFER
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class Policy:
     def classify(self, op_type: str) -> OpClass | None:
         """The op's class, or None when the lists don't know it."""
         found = self._classes.get(op_type)
-        if found is not None and self.mode == "all-low" and found.name != ALLOW:
+        if found is not None and self.mode == "all-low" and found.name in (DENY, INFER):
+            # Compute ops are forced low; data movement (clear) still follows its neighbours.
             return OpClass(ALLOW, f"all-low policy ({found.name} op: {found.reason})")
         return found
 
