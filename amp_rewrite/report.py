@@ -85,24 +85,29 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _tally(pairs) -> dict[str, dict[str, int]]:
+    counts = Counter(pairs)
+    table: dict[str, dict[str, int]] = {}
+    for (key, color), n in sorted(counts.items()):
+        table.setdefault(key, {})[color] = n
+    return table
+
+
 def build_report(analysis: Analysis, stats: RewriteStats | None) -> Report:
     options, index = analysis.options, analysis.index
-    by_class: dict[str, Counter] = {}
-    by_op: dict[str, Counter] = {}
     decisions = []
     for node_id, decision in sorted(analysis.coloring.decisions.items()):
         node = index.nodes[node_id]
         color = (decision.color or Color.FP32).value
-        by_class.setdefault(decision.op_class, Counter())[color] += 1
-        by_op.setdefault(node.op_type, Counter())[color] += 1
         decisions.append(NodeDecision(node.label, node.op_type, decision.op_class, color, decision.reason))
+    by_class = _tally((d.op_class, d.precision) for d in decisions)
+    by_op = _tally((d.op_type, d.precision) for d in decisions)
     stats = stats or RewriteStats()
     low = sum(1 for d in decisions if d.precision == Color.LOW.value)
     return Report(
         precision=options.precision.value, provider=options.provider, policy=options.policy,
         nodes=len(index.nodes), candidates=len(decisions), low_nodes=low, fp32_nodes=len(decisions) - low,
-        by_class={k: dict(v) for k, v in sorted(by_class.items())},
-        by_op={k: dict(v) for k, v in sorted(by_op.items())},
+        by_class=by_class, by_op=by_op,
         fp32_reasons=[d for d in decisions if d.precision == Color.FP32.value],
         casts_inserted=stats.casts, initializers_converted=stats.initializers_converted,
         initializer_copies=stats.initializer_copies, constants_converted=stats.constants_converted,

@@ -51,16 +51,19 @@ def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -
     """Overflow: any finite |x| above the type's max. Underflow: the values that round
     to zero carry more than ``underflow_share`` of the tensor's L2 norm (a lone
     epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing)."""
-    magnitudes = np.abs(array.astype(np.float64, copy=False)).ravel()
-    finite = magnitudes[np.isfinite(magnitudes)] if not np.isfinite(magnitudes).all() else magnitudes
-    if finite.size == 0:
+    magnitudes = np.abs(array.ravel()).astype(np.float64, copy=False)
+    if magnitudes.size == 0:
         return Fit(0.0, 0.0, None)
-    max_abs = float(finite.max())
+    max_abs = float(magnitudes.max())
+    if not np.isfinite(max_abs):  # inf/nan stay inf/nan in any float type; judge the rest
+        magnitudes = magnitudes[np.isfinite(magnitudes)]
+        max_abs = float(magnitudes.max()) if magnitudes.size else 0.0
     if max_abs > precision.max:
         return Fit(max_abs, 0.0, f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}")
-    tiny = finite[finite < precision.smallest_subnormal / 2]
-    total = float(np.dot(finite, finite))
-    lost = float(np.sqrt(np.dot(tiny, tiny) / total)) if tiny.size and total > 0 else 0.0
+    tiny = magnitudes[(magnitudes < precision.smallest_subnormal / 2) & (magnitudes > 0)]
+    if tiny.size == 0:
+        return Fit(max_abs, 0.0, None)
+    lost = float(np.sqrt(np.dot(tiny, tiny) / np.dot(magnitudes, magnitudes)))
     if lost > underflow_share:
         return Fit(max_abs, lost, f"{lost:.0%} of its magnitude in values that flush to zero in {precision.value}")
     return Fit(max_abs, lost, None)

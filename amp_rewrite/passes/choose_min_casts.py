@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 import networkx as nx
+from networkx.algorithms.flow import boykov_kolmogorov
 
 from ..analysis import OFFLINE, Analysis
 from ..coloring import Color
@@ -100,28 +101,41 @@ def _components(analysis: Analysis, free: set[int]):
 
 def _solve(analysis: Analysis, sizes: ValueSizes, nodes: list[int], values: list[Value]) -> dict[int, Color]:
     free = set(nodes)
+    terms = [(value, *value_terms(analysis, value, free)) for value in values]
+    terms = [t for t in terms if t[1] != OFFLINE]
+    if not any(Color.FP32 in (producer, *readers) for _, producer, readers in terms):
+        return dict.fromkeys(nodes, Color.LOW)  # nothing pulls towards float32: all low costs nothing
     scale = len(nodes) + 1  # bytes dominate; one unit per float32 node breaks ties
-    graph = nx.DiGraph()
-    graph.add_nodes_from(("S", "T"))
+    capacities: dict[tuple, int | None] = {}  # None: infinite
+
+    def edge(tail, head, capacity: int | None) -> None:
+        if tail == head or tail == "T" or head == "S":
+            return  # edges out of the sink or into the source never carry flow
+        old = capacities.get((tail, head), 0)
+        capacities[(tail, head)] = None if capacity is None or old is None else old + capacity
+
     terminal = {Color.LOW: "S", Color.FP32: "T"}
-    for value in values:
-        producer, readers = value_terms(analysis, value, free)
-        if producer == OFFLINE:
-            continue
-        cost = CAST_BYTES_PER_ELEMENT * sizes.elements(value) * scale
+    for value, producer, readers in terms:
         source = terminal.get(producer, producer)
         ends = {terminal.get(r, r) for r in readers} - {source}
-        if isinstance(source, str) and all(isinstance(e, str) for e in ends):
+        if not ends or (isinstance(source, str) and all(isinstance(e, str) for e in ends)):
             continue
-        down, up = ("down", value.key), ("up", value.key)
-        graph.add_edge(source, down, capacity=cost)
-        graph.add_edge(up, source, capacity=cost)
+        cost = CAST_BYTES_PER_ELEMENT * sizes.elements(value) * scale
+        if len(ends) == 1:  # one reader side: a plain pairwise cost
+            (end,) = ends
+            edge(source, end, cost)
+            edge(end, source, cost)
+            continue
+        down, up = ("down", value.key), ("up", value.key)  # one cast serves every reader
+        edge(source, down, cost)
+        edge(up, source, cost)
         for end in ends:
-            graph.add_edge(down, end)
-            graph.add_edge(end, up)
+            edge(down, end, None)
+            edge(end, up, None)
     for node_id in nodes:
-        graph.add_edge("S", node_id, capacity=1)
-    if graph.in_degree("T") == 0:  # nothing forces float32: all low costs nothing
-        return dict.fromkeys(nodes, Color.LOW)
-    _, (low_side, _) = nx.minimum_cut(graph, "S", "T")
+        edge("S", node_id, 1)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(("S", "T"))
+    graph.add_edges_from((u, v, {} if c is None else {"capacity": c}) for (u, v), c in capacities.items())
+    _, (low_side, _) = nx.minimum_cut(graph, "S", "T", flow_func=boykov_kolmogorov)
     return {n: Color.LOW if n in low_side else Color.FP32 for n in nodes}
