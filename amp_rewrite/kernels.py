@@ -49,7 +49,8 @@ class KernelTable:
                 {k: frozenset(v) for k, v in (e.get("type_constraints") or {}).items()},
             ))
 
-    def supports(self, domain: str, op: str, opset: int, type_name: str, params: set[str]) -> bool:
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (tables live for the process)
+    def supports(self, domain: str, op: str, opset: int, type_name: str, params: frozenset[str]) -> bool:
         """True if a kernel covers ``opset`` with ``type_name`` (e.g. "float16") for ``params``."""
         for entry in self._by_op.get((_domain(domain), op), ()):
             if entry.since <= opset and (entry.until is None or opset <= entry.until):

@@ -12,6 +12,8 @@ from .graph import ModelIndex, Value, set_type
 
 SYMBOLIC_DIM = 64
 """Assumed extent of a dimension with no known value (a batch or sequence length)."""
+SMALL_TENSOR = 64
+"""Initializers up to this many elements keep their values for shape inference."""
 UNKNOWN_ELEMENTS = 4096
 """Assumed element count of a tensor whose shape shape-inference cannot find."""
 
@@ -33,8 +35,9 @@ class ValueSizes:
 
     def _infer(self) -> None:
         self._inferred = True
+        light = _without_weights(self.index.model)
         try:
-            inferred = onnx.shape_inference.infer_shapes(self.index.model, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
             return
         for graph, proto in zip(self.index.graphs, iter_graphs(inferred.graph)):
@@ -45,6 +48,27 @@ class ValueSizes:
                     elem_type = value.elem_type
                     set_type(value, info.type)
                     value.elem_type = elem_type or value.elem_type
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large top-level initializers declared as inputs: inference needs
+    their shapes, not their bytes, and serializing the bytes costs more than inferring."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    declared = {i.name for i in model.graph.input}
+    for tensor in model.graph.initializer:
+        if math.prod(tensor.dims) <= SMALL_TENSOR:  # shape operands: data propagation needs their values
+            graph.initializer.append(tensor)
+        elif tensor.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    return light
 
 
 def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

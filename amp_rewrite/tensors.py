@@ -23,6 +23,8 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> 
     """The tensor's values; external data is read with one positioned read, not mapped."""
     info = external_location(tensor)
     if info is None:
+        if tensor.raw_data and tensor.data_type == onnx.TensorProto.FLOAT:  # the common case, without copies
+            return np.frombuffer(tensor.raw_data, dtype=np.float32).reshape(tuple(tensor.dims))
         return numpy_helper.to_array(tensor)
     path = os.path.join(base_dir or ".", info["location"])
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)

@@ -85,3 +85,17 @@ def test_min_cut_matches_brute_force(model: onnx.ModelProto, keep_io_types: bool
     assert all(analysis.coloring.decisions[n].reason for n in free)
     got = (cast_bytes(analysis, sizes, values, chosen, free), sum(c is Color.FP32 for c in chosen.values()))
     assert got == best
+
+
+def test_sizes_come_from_shape_inference_when_the_model_declares_none() -> None:
+    from models import builders
+
+    model = builders.transformer(blocks=1, width=32)
+    index = ModelIndex(model)
+    sizes = ValueSizes(index)
+    scores = next(v for v in index.all_values() if v.producer and index.nodes[v.producer[0]].op_type == "Softmax")
+    hidden = next(v for v in index.all_values() if v.producer and index.nodes[v.producer[0]].op_type == "Erf")
+    assert scores.shape is None and hidden.shape is None
+    # batch and seq are symbolic (64 each): scores [b, 4, s, s], FFN hidden [b, s, 128]
+    assert sizes.elements(scores) == 64 * 4 * 64 * 64
+    assert sizes.elements(hidden) == 64 * 64 * 128

@@ -56,15 +56,15 @@ def test_provider_refinement_makes_accumulating_ops_infer_on_cuda_only() -> None
 
 def test_cuda_table_lookups_follow_opset_ranges_and_type_constraints() -> None:
     table = kernel_table("CUDAExecutionProvider")
-    assert table.supports("", "MatMul", 13, "bfloat16", {"T"})
-    assert not table.supports("", "MatMul", 12, "bfloat16", {"T"})
-    assert table.supports("", "LayerNormalization", 17, "float16", {"T"})
-    assert not table.supports("", "LayerNormalization", 17, "float16", {"U"})
-    assert not table.supports("", "Range", 11, "float16", {"T"})
-    assert not table.supports("", "NoSuchOp", 17, "float16", {"T"})
+    assert table.supports("", "MatMul", 13, "bfloat16", frozenset({"T"}))
+    assert not table.supports("", "MatMul", 12, "bfloat16", frozenset({"T"}))
+    assert table.supports("", "LayerNormalization", 17, "float16", frozenset({"T"}))
+    assert not table.supports("", "LayerNormalization", 17, "float16", frozenset({"U"}))
+    assert not table.supports("", "Range", 11, "float16", frozenset({"T"}))
+    assert not table.supports("", "NoSuchOp", 17, "float16", frozenset({"T"}))
 
 
 def test_cpu_table_is_available_whichever_onnxruntime_is_installed() -> None:
     table = kernel_table("CPUExecutionProvider")
-    assert not table.supports("", "MatMul", 17, "float16", {"T"})
-    assert table.supports("", "Transpose", 17, "float16", {"T"})
+    assert not table.supports("", "MatMul", 17, "float16", frozenset({"T"}))
+    assert table.supports("", "Transpose", 17, "float16", frozenset({"T"}))

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-import networkx as nx
-from networkx.algorithms.flow import boykov_kolmogorov
 
 from ..analysis import OFFLINE, Analysis
 from ..coloring import Color
@@ -32,8 +30,8 @@ class ChooseMinCasts:
         if not free:
             return
         sizes = ValueSizes(analysis.index)
-        for nodes, values in _components(analysis, free):
-            colors = _solve(analysis, sizes, nodes, values)
+        for nodes, terms in _components(analysis, free):
+            colors = _solve(sizes, nodes, terms)
             for node_id in nodes:
                 op_class = analysis.coloring.decisions[node_id].op_class
                 where = analysis.precision.value if colors[node_id] is Color.LOW else "float32"
@@ -82,27 +80,27 @@ def _components(analysis: Analysis, free: set[int]):
     for node_id in free:
         for _, _, value in analysis.slot_values(node_id):
             values[value.key] = value
-    members: dict[ValueKey, list[int]] = {}
+    terms: dict[ValueKey, tuple] = {}
     for key, value in values.items():
         producer, readers = value_terms(analysis, value, free)
+        if producer == OFFLINE:
+            continue  # constants are converted ahead of time: they tie nothing together
         ends = [t for t in (producer, *readers) if isinstance(t, int)]
-        members[key] = ends
+        terms[key] = (value, producer, readers, ends[0])
         for other in ends[1:]:
             parent[find(other)] = find(ends[0])
     nodes_of: dict[int, list[int]] = defaultdict(list)
-    values_of: dict[int, list[Value]] = defaultdict(list)
+    terms_of: dict[int, list[tuple]] = defaultdict(list)
     for n in free:
         nodes_of[find(n)].append(n)
-    for key, ends in members.items():
-        values_of[find(ends[0])].append(values[key])
+    for value, producer, readers, end in terms.values():
+        terms_of[find(end)].append((value, producer, readers))
     for root, nodes in nodes_of.items():
-        yield sorted(nodes), values_of[root]
+        yield sorted(nodes), terms_of[root]
 
 
-def _solve(analysis: Analysis, sizes: ValueSizes, nodes: list[int], values: list[Value]) -> dict[int, Color]:
-    free = set(nodes)
-    terms = [(value, *value_terms(analysis, value, free)) for value in values]
-    terms = [t for t in terms if t[1] != OFFLINE]
+def _solve(sizes: ValueSizes, nodes: list[int], terms: list[tuple]) -> dict[int, Color]:
+    """Colors for one group of free nodes, from its values' (value, producer, readers) terms."""
     if not any(Color.FP32 in (producer, *readers) for _, producer, readers in terms):
         return dict.fromkeys(nodes, Color.LOW)  # nothing pulls towards float32: all low costs nothing
     scale = len(nodes) + 1  # bytes dominate; one unit per float32 node breaks ties
@@ -134,6 +132,9 @@ def _solve(analysis: Analysis, sizes: ValueSizes, nodes: list[int], values: list
             edge(end, up, None)
     for node_id in nodes:
         edge("S", node_id, 1)
+    import networkx as nx  # imported here: most models never need a flow, and the import costs 80 ms
+    from networkx.algorithms.flow import boykov_kolmogorov
+
     graph = nx.DiGraph()
     graph.add_nodes_from(("S", "T"))
     graph.add_edges_from((u, v, {} if c is None else {"capacity": c}) for (u, v), c in capacities.items())

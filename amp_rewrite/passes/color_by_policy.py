@@ -27,7 +27,7 @@ class ColorByPolicy:
             analysis.coloring.add(node_id, op_class.name if op_class else "unknown")
             self._user(analysis, node_id)
             if table is not None and not table.supports(
-                node.domain, node.op_type, index.opset(node), analysis.precision.value, set(slots.params)
+                node.domain, node.op_type, index.opset(node), analysis.precision.value, slots.params
             ):
                 analysis.coloring.fix(node_id, Color.FP32, f"{options.provider} has no {analysis.precision.value} "
                                       f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)

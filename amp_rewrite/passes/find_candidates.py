@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from ..analysis import FLOAT, Analysis, Slots
 from ..graph import Node
 from ..oplists import CONTROL_FLOW, RETYPED_BY_ATTRIBUTE
@@ -26,32 +28,40 @@ class FindCandidates:
                 analysis.slots[node.id] = slots
 
     def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
-        index = analysis.index
-        sig = signature(node.domain, node.op_type, index.opset(node), len(node.inputs), len(node.outputs))
-        if sig is None:
-            if any(k is not None and index.values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
+        index, values = analysis.index, analysis.index.values
+        eligible = _eligible_params(
+            node.domain, node.op_type, index.opset(node), tuple(k is not None for k in node.inputs),
+            tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
+            frozenset(analysis.policy.keep_fp32_params(node.op_type)))
+        if eligible is None:
+            if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
                 analysis.unknown_ops[f"{node.domain + '.' if node.domain else ''}{node.op_type}"] += 1
             return None
-        bound: dict[str, list[tuple[bool, int]]] = {}
-        types: dict[str, set] = {}
-        for is_input, formals, keys in ((True, sig.inputs, node.inputs), (False, sig.outputs, node.outputs)):
-            for i, (formal, key) in enumerate(zip(formals, keys)):
-                if key is None or not sig.is_param(formal):
-                    continue
-                bound.setdefault(formal, []).append((is_input, i))
-                types.setdefault(formal, set()).add(index.values[key].elem_type)
-        target = analysis.precision.schema_type
-        kept = analysis.policy.keep_fp32_params(node.op_type)
-        retyped = node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == ""
-        params = frozenset(
-            p for p, seen in types.items()
-            if seen == {FLOAT} and target in sig.allowed[p] and p not in kept
-            and (retyped or any(is_input for is_input, _ in bound[p]))  # else the op derives its type
-        )
-        inputs = frozenset(i for p in params for is_input, i in bound[p] if is_input)
-        outputs = frozenset(i for p in params for is_input, i in bound[p] if not is_input)
-        if retyped and not outputs:
-            return None  # its output type comes from an attribute and is not float32
-        if not params:
-            return None
-        return Slots(inputs, outputs, params)
+        params, inputs, outputs = [], [], []
+        for param, ins, outs in eligible:
+            if all(values[node.inputs[i]].elem_type == FLOAT for i in ins) and \
+                    all(values[node.outputs[i]].elem_type == FLOAT for i in outs):
+                params.append(param)
+                inputs.extend(ins)
+                outputs.extend(outs)
+        if not params or (node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == "" and not outputs):
+            return None  # nothing to convert, or an attribute fixes a non-float output type
+        return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
+
+
+@functools.lru_cache(maxsize=None)
+def _eligible_params(domain: str, op_type: str, opset: int, inputs: tuple[bool, ...], outputs: tuple[bool, ...],
+                     target: str, kept: frozenset[str]) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] | None:
+    """Per schema and present inputs/outputs: each type parameter that admits ``target``, is not
+    kept float32, and binds an input (or an attribute fixes it), with the slots it binds."""
+    sig = signature(domain, op_type, opset, len(inputs), len(outputs))
+    if sig is None:
+        return None
+    retyped = op_type in RETYPED_BY_ATTRIBUTE and domain == ""
+    found = []
+    for param, allowed in sig.allowed.items():
+        ins = tuple(i for i, (formal, present) in enumerate(zip(sig.inputs, inputs)) if present and formal == param)
+        outs = tuple(i for i, (formal, present) in enumerate(zip(sig.outputs, outputs)) if present and formal == param)
+        if target in allowed and param not in kept and (ins or (retyped and outs)):
+            found.append((param, ins, outs))  # without an input, the op derives the type itself
+    return tuple(found)

@@ -1,0 +1,198 @@
+"""make bench: conversion time and peak memory of amp-rewrite against the peer converters.
+
+Each conversion is a whole process (start-up, load, convert, save), timed by the
+wall clock; peak memory is the child's maximum resident set (os.wait4). For every
+output: Cast nodes inserted and the share of matrix FLOPs (MatMul, Gemm, Conv)
+left in low precision. Results go to benchmarks/RESULTS.md.
+
+    python benchmarks/run.py [--sizes 1000,5000,20000,50000] [--big-gb 2.2] [--skip-big]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from models import builders  # noqa: E402
+
+WORK = ROOT / "benchmarks" / "work"
+NODES_PER_BLOCK = 35
+BINDINGS = {"batch": 1, "seq": 128}
+AMP = [sys.executable, "-m", "amp_rewrite", "convert", "--quiet"]
+TOOLS = {
+    "amp-rewrite": AMP,
+    "amp-rewrite (no range check)": [*AMP, "--range-check", "off"],
+    "amp-rewrite all-low": [*AMP, "--range-check", "off", "--policy", "all-low"],
+    "onnxconverter-common": [sys.executable, str(ROOT / "benchmarks" / "peer_convert.py"), "occ"],
+    "ort float16": [sys.executable, str(ROOT / "benchmarks" / "peer_convert.py"), "ort"],
+}
+
+
+@dataclass
+class Run:
+    seconds: float
+    peak_bytes: int
+    ok: bool
+    casts: int | None = None
+    low_flop_share: float | None = None
+    error: str = ""
+
+
+def measure(command: list[str], timeout: float) -> Run:
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = started + timeout
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            process.kill()
+            _, status, usage = os.wait4(process.pid, 0)
+            return Run(timeout, usage.ru_maxrss * 1024, False, error=f"timed out after {timeout:.0f} s")
+        time.sleep(0.02)
+    seconds = time.perf_counter() - started
+    error = process.stderr.read().decode(errors="replace").strip().splitlines()
+    ok = os.waitstatus_to_exitcode(status) == 0
+    return Run(seconds, usage.ru_maxrss * 1024, ok, error="" if ok else (error[-1] if error else "failed"))
+
+
+def analyse_output(source: Path, output: Path, run: Run) -> None:
+    """Casts inserted and the low-precision share of matrix FLOPs in the output."""
+    before = onnx.load(str(source), load_external_data=False)
+    after = onnx.load(str(output), load_external_data=False)
+    run.casts = sum(n.op_type == "Cast" for n in after.graph.node) - sum(n.op_type == "Cast" for n in before.graph.node)
+    inferred = onnx.shape_inference.infer_shapes(after)
+    infos = {v.name: v.type.tensor_type for v in (*inferred.graph.value_info, *inferred.graph.input,
+                                                 *inferred.graph.output)}
+    for t in inferred.graph.initializer:
+        infos[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)).tensor_type
+    low = total = 0.0
+    for node in inferred.graph.node:
+        flops = _matrix_flops(node, infos)
+        if flops:
+            total += flops
+            if infos[node.output[0]].elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+                low += flops
+    run.low_flop_share = low / total if total else None
+
+
+def _dims(tensor_type) -> list[int]:
+    return [d.dim_value if d.HasField("dim_value") else BINDINGS.get(d.dim_param, 1) for d in tensor_type.shape.dim]
+
+
+def _matrix_flops(node: onnx.NodeProto, infos) -> float:
+    if node.op_type not in ("MatMul", "Gemm", "Conv") or node.output[0] not in infos:
+        return 0.0
+    out = _dims(infos[node.output[0]])
+    if node.op_type == "Conv":
+        weight = _dims(infos[node.input[1]])
+        return 2.0 * math.prod(out) * math.prod(weight[1:])
+    a = _dims(infos[node.input[0]])
+    transposed = node.op_type == "Gemm" and any(x.name == "transA" and x.i for x in node.attribute)
+    k = a[-2] if transposed else a[-1]
+    return 2.0 * math.prod(out) * k
+
+
+def build_models(sizes: list[int]) -> list[tuple[str, Path, int]]:
+    WORK.mkdir(parents=True, exist_ok=True)
+    models = []
+    for target in sizes:
+        blocks = max(1, round(target / NODES_PER_BLOCK))
+        for variant, kwargs in (("plain", {}), ("mask+outputs", dict(with_mask=True, expose_blocks=True))):
+            path = WORK / f"transformer_{target}_{variant.replace('+', '_')}.onnx"
+            if not path.exists():
+                onnx.save(builders.transformer(blocks=blocks, width=32, **kwargs), path)
+            nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+            models.append((f"{nodes} nodes, {variant}", path, path.stat().st_size))
+    return models
+
+
+def build_big(gigabytes: float) -> tuple[str, Path, int]:
+    path = WORK / "transformer_big.onnx"
+    data = Path(str(path) + ".data")
+    if not path.exists() or not data.exists():
+        builders.large_transformer(path, int(gigabytes * 2**30))
+    size = path.stat().st_size + data.stat().st_size
+    return (f"{size / 2**30:.2f} GB, external data", path, size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1000,5000,20000,50000")
+    parser.add_argument("--big-gb", type=float, default=2.2)
+    parser.add_argument("--skip-big", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    models = build_models([int(s) for s in args.sizes.split(",")])
+    if not args.skip_big:
+        models.append(build_big(args.big_gb))
+    rows = []
+    for label, path, size in models:
+        for tool, command in TOOLS.items():
+            output = WORK / f"out_{path.stem}_{tool.split()[0]}_{len(rows)}.onnx"
+            run = measure([*command, str(path), *(["-o"] if tool.startswith("amp") else []), str(output)],
+                          args.timeout)
+            if run.ok:
+                analyse_output(path, output, run)
+            for leftover in (output, Path(str(output) + ".data")):
+                leftover.unlink(missing_ok=True)
+            rows.append((label, size, tool, run))
+            print(f"{label:34} {tool:30} {run.seconds:8.2f} s {run.peak_bytes / 2**20:8.0f} MiB "
+                  f"casts={run.casts} low-flops={run.low_flop_share} {run.error}", flush=True)
+    write_results(rows)
+
+
+def write_results(rows) -> None:
+    uname = platform.uname()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), uname.processor) if Path("/proc/cpuinfo").exists() else ""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured {datetime.date.today().isoformat()} on {uname.node}: {cpu}, {os.cpu_count()} cores, "
+        f"{memory:.0f} GiB RAM, {uname.system} {uname.release}, Python {platform.python_version()}, "
+        f"onnx {onnx.__version__}. Produced by `make bench` (benchmarks/run.py); every figure is one run.",
+        "",
+        "Time is the whole process (start-up, load, convert, save); memory is the process's peak resident set.",
+        "Low FLOPs: share of MatMul/Gemm/Conv work whose output is float16 (batch 1, sequence 128).",
+        "",
+        "| model | tool | seconds | peak MiB | peak / model size | casts | low FLOPs | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for label, size, tool, run in rows:
+        share = "" if run.low_flop_share is None else f"{run.low_flop_share:.1%}"
+        lines.append(f"| {label} | {tool} | {run.seconds:.2f} | {run.peak_bytes / 2**20:.0f} | "
+                     f"{run.peak_bytes / size:.2f} | {'' if run.casts is None else run.casts} | {share} | "
+                     f"{run.error} |")
+    lines += ["", "## Speed ratios (faster peer / amp-rewrite)", "", "| model | amp-rewrite | no range check |",
+              "|---|---:|---:|"]
+    by_model: dict[str, dict[str, Run]] = {}
+    for label, _, tool, run in rows:
+        by_model.setdefault(label, {})[tool] = run
+    for label, runs in by_model.items():
+        peers = [r.seconds for t, r in runs.items() if not t.startswith("amp") and r.ok]
+        if peers:
+            best = min(peers)
+            lines.append(f"| {label} | {best / runs['amp-rewrite'].seconds:.2f}x | "
+                         f"{best / runs['amp-rewrite (no range check)'].seconds:.2f}x |")
+    (ROOT / "benchmarks" / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    print("wrote benchmarks/RESULTS.md")
+
+
+if __name__ == "__main__":
+    main()
