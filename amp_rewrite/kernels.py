@@ -66,7 +66,7 @@ def _domain(domain: str) -> str:
     return "" if domain == "ai.onnx" else domain
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_table(provider: str) -> KernelTable:
     """The kernel table for ``provider`` (live registry for CPU, bundled table for CUDA)."""
     if provider == "CPUExecutionProvider":

@@ -42,7 +42,7 @@ class Signature:
         return _TYPE_CODES.get(type_str)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def signature(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs: int) -> Signature | None:
     """The schema signature for a node, or None when no schema is known."""
     try:

@@ -1,7 +1,7 @@
 """make bench: conversion time and peak memory of amp-rewrite against the peer converters.
 
 Each conversion is a whole process (start-up, load, convert, save), timed by the
-wall clock; peak memory is the child's maximum resident set (os.wait4). For every
+wall clock; peak memory is its maximum resident set (GNU time, /usr/bin/time). For every
 output: Cast nodes inserted and the share of matrix FLOPs (MatMul, Gemm, Conv)
 left in low precision. Results go to benchmarks/RESULTS.md.
 
@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,22 +53,20 @@ class Run:
 
 
 def measure(command: list[str], timeout: float) -> Run:
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = started + timeout
-    while True:
-        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            process.kill()
-            _, status, usage = os.wait4(process.pid, 0)
-            return Run(timeout, usage.ru_maxrss * 1024, False, error=f"timed out after {timeout:.0f} s")
-        time.sleep(0.02)
-    seconds = time.perf_counter() - started
-    error = process.stderr.read().decode(errors="replace").strip().splitlines()
-    ok = os.waitstatus_to_exitcode(status) == 0
-    return Run(seconds, usage.ru_maxrss * 1024, ok, error="" if ok else (error[-1] if error else "failed"))
+    """Wall time and peak RSS of one process. GNU time starts it from a small process: a
+    child forked straight from this one would inherit this process's RSS as its peak."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return Run(timeout, 0, False, error=f"timed out after {timeout:.0f} s")
+        seconds = time.perf_counter() - started
+        peak_kib = int(report.read().strip().splitlines()[-1])
+    error = done.stderr.decode(errors="replace").strip().splitlines()
+    ok = done.returncode == 0
+    return Run(seconds, peak_kib * 1024, ok, error="" if ok else (error[-1] if error else "failed"))
 
 
 def analyse_output(source: Path, output: Path, run: Run) -> None:

@@ -50,7 +50,9 @@ class _Graph:
         std = scale if scale is not None else 1.0 / math.sqrt(max(fan_in, 1))
         if self.placeholder_weights and len(shape) == 2:
             name = self.name("w")
-            self.initializers.append(helper.make_tensor(name, FLOAT, shape, vals=b"", raw=True))
+            placeholder = TensorProto(name=name, data_type=FLOAT)
+            placeholder.dims.extend(shape)
+            self.initializers.append(placeholder)
             return name
         return self.const((self.rng.standard_normal(shape) * std).astype(np.float32))
 

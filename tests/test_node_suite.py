@@ -28,8 +28,8 @@ LOW_IO_EXCEPTIONS = {
     r"test_dequantizelinear_e5m2": "outputs up to 9.8e4 exceed float16: a float16 graph output cannot hold them",
     r"test_quantizelinear_(e5m2|int16|uint16)": "the target grid is finer than float16 at these magnitudes: "
                                                 "rounding the float16 input first moves values one step",
-    r"test_cast(like)?_(no_saturate_)?FLOAT_to_(BFLOAT16|FLOAT8E4M3FNU?Z?|FLOAT8E5M2FNUZ)(_expanded)?": "a float16 graph input rounds "
-                                                "the value before the cast rounds it again (double rounding)",
+    r"test_cast(like)?_(no_saturate_)?FLOAT_to_(BFLOAT16|FLOAT8E4M3FNU?Z?|FLOAT8E5M2FNUZ)(_expanded)?":
+        "a float16 graph input rounds the value before the cast rounds it again (double rounding)",
     r"test_dynamicquantizelinear_min_adjusted(_expanded)?": "the computed scale depends on float32 input extremes "
                                                             "that float16 input rounding moves",
     r"test_nonmaxsuppression_iou_threshold_boundary": "boxes sit exactly on the IoU threshold; float16 input "

@@ -87,3 +87,13 @@ def test_external_data_sample_round_trips(tmp_path) -> None:
     got = run(loaded, **feeds)[0]
     assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
     assert report.bytes_after < report.bytes_before
+
+
+def test_streamed_large_model_builder_converts_with_external_data(tmp_path) -> None:
+    """The >2 GB benchmark model's builder, at a size a test can afford."""
+    source = builders.large_transformer(tmp_path / "big.onnx", target_bytes=3 << 20, width=128)
+    out, report = convert(source, tmp_path / "big.mixed.onnx", range_check="off")
+    onnx.checker.check_model(str(out), full_check=True)
+    data = tmp_path / "big.mixed.onnx.data"
+    assert data.stat().st_size < 0.51 * (tmp_path / "big.onnx.data").stat().st_size
+    assert report.low_nodes == report.candidates

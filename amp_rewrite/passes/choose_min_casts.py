@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-
 from ..analysis import OFFLINE, Analysis
 from ..coloring import Color
 from ..graph import Value, ValueKey

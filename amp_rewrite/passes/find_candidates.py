@@ -49,9 +49,13 @@ class FindCandidates:
         return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
 
 
-@functools.lru_cache(maxsize=None)
+_Eligible = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+"""(type parameter, input slots, output slots) for each eligible parameter."""
+
+
+@functools.cache
 def _eligible_params(domain: str, op_type: str, opset: int, inputs: tuple[bool, ...], outputs: tuple[bool, ...],
-                     target: str, kept: frozenset[str]) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...] | None:
+                     target: str, kept: frozenset[str]) -> _Eligible | None:
     """Per schema and present inputs/outputs: each type parameter that admits ``target``, is not
     kept float32, and binds an input (or an attribute fixes it), with the slots it binds."""
     sig = signature(domain, op_type, opset, len(inputs), len(outputs))

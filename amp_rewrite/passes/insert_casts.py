@@ -33,7 +33,8 @@ class RewriteStats:
 class _Edits:
     """Pending node insertions: graph id -> position -> nodes to insert before it."""
 
-    inserts: dict[int, dict[int, list[onnx.NodeProto]]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    inserts: dict[int, dict[int, list[onnx.NodeProto]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
 
     def after(self, analysis: Analysis, value: Value, nodes: list[onnx.NodeProto]) -> None:
         producer = analysis.index.producer_node(value)

@@ -96,8 +96,9 @@ class MeasureRanges:
 
 def _touching(analysis: Analysis, value: Value) -> list[int]:
     nodes = [n for n, i in value.uses if n in analysis.slots and i in analysis.slots[n].inputs]
-    if value.producer and value.producer[0] in analysis.slots and value.producer[1] in analysis.slots[value.producer[0]].outputs:
-        nodes.append(value.producer[0])
+    producer = value.producer
+    if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
+        nodes.append(producer[0])
     return nodes
 
 
