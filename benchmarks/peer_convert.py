@@ -21,8 +21,11 @@ def main(tool: str, source: str, target: str) -> None:
     else:
         from onnxruntime.transformers import float16
     converted = float16.convert_float_to_float16(model, keep_io_types=True)
-    big = sum(t.ByteSize() for t in converted.graph.initializer) > 2**31 - 2**26
-    onnx.save(converted, target, save_as_external_data=big, location=target.rsplit("/", 1)[-1] + ".data")
+    try:
+        onnx.save(converted, target)
+    except Exception as exc:  # noqa: BLE001 (over 2 GB protobuf refuses to serialize)
+        print(f"saving with external data: {type(exc).__name__}", file=sys.stderr)
+        onnx.save(converted, target, save_as_external_data=True, location=target.rsplit("/", 1)[-1] + ".data")
 
 
 if __name__ == "__main__":
