@@ -38,6 +38,8 @@ class Analysis:
     coloring: Coloring = field(default_factory=Coloring)
     unknown_ops: Counter = field(default_factory=Counter)
     kept_constants: dict[str, str] = field(default_factory=dict)
+    unfit_readers: set[int] = field(default_factory=set)
+    """Nodes kept float32 because a constant they read does not fit the target type."""
     notes: list[str] = field(default_factory=list)
     range_check: str = "not run"
     measured_fp32: dict[str, str] = field(default_factory=dict)

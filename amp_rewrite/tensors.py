@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,25 +51,51 @@ class Fit:
 
 
 def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
+    return next(judge_fits([array], precision, underflow_share))
+
+
+BATCH_ELEMENTS = 1 << 22
+"""Small tensors are judged together, in batches of about this many elements."""
+
+
+def judge_fits(arrays: Iterable[np.ndarray], precision: Precision, underflow_share: float) -> Iterator[Fit]:
     """Overflow: any finite |x| above the type's max. Underflow: the values that round
     to zero carry more than ``underflow_share`` of the tensor's L2 norm (a lone
-    epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing)."""
-    magnitudes = np.abs(array.ravel()).astype(np.float64, copy=False)
-    if magnitudes.size == 0:
-        return Fit(0.0, 0.0, None)
-    max_abs = float(magnitudes.max())
-    if not np.isfinite(max_abs):  # inf/nan stay inf/nan in any float type; judge the rest
-        magnitudes = magnitudes[np.isfinite(magnitudes)]
-        max_abs = float(magnitudes.max()) if magnitudes.size else 0.0
-    if max_abs > precision.max:
-        return Fit(max_abs, 0.0, f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}")
-    tiny = magnitudes[(magnitudes < precision.smallest_subnormal / 2) & (magnitudes > 0)]
-    if tiny.size == 0:
-        return Fit(max_abs, 0.0, None)
-    lost = float(np.sqrt(np.dot(tiny, tiny) / np.dot(magnitudes, magnitudes)))
-    if lost > underflow_share:
-        return Fit(max_abs, lost, f"{lost:.0%} of its magnitude in values that flush to zero in {precision.value}")
-    return Fit(max_abs, lost, None)
+    epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing).
+    Arrays are consumed lazily and judged in batches with segmented reductions: one
+    numpy pass for thousands of small tensors, bounded memory for large ones."""
+    batch: list[np.ndarray] = []
+    count = 0
+    for array in arrays:
+        batch.append(array)
+        count += array.size
+        if count >= BATCH_ELEMENTS:
+            yield from _judge_batch(batch, precision, underflow_share)
+            batch, count = [], 0
+    if batch:
+        yield from _judge_batch(batch, precision, underflow_share)
+
+
+def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share: float) -> list[Fit]:
+    sizes = np.array([a.size for a in arrays])
+    flat = np.abs(np.concatenate([a.ravel() for a in arrays] + [np.zeros(1)]).astype(np.float64, copy=False))
+    flat[~np.isfinite(flat)] = 0.0  # inf/nan stay inf/nan in any float type; judge the rest
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    maxima = np.maximum.reduceat(flat, starts)
+    squares = flat * flat
+    tiny = (flat < precision.smallest_subnormal / 2) & (flat > 0)
+    lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
+                   / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
+    fits = []
+    for size, max_abs, share in zip(sizes, maxima.tolist(), lost.tolist()):
+        max_abs, share = (max_abs, share) if size else (0.0, 0.0)
+        problem = None
+        if max_abs > precision.max:
+            problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"
+        elif share > underflow_share:
+            problem = f"{share:.0%} of its magnitude in values that flush to zero in {precision.value}"
+        fits.append(Fit(max_abs, share, problem))
+    return fits
 
 
 def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:

@@ -251,3 +251,25 @@ def test_every_decision_has_a_reason_and_analyze_edits_nothing():
     analysis = analyze(m, ConvertOptions(provider=None, range_check="off"))
     assert m.SerializeToString() == before
     assert all(d.reason for d in analysis.coloring.decisions.values())
+
+
+def test_huge_mask_constant_keeps_the_masked_scores_fp32_without_a_range_check():
+    """Rule: a node reading a constant float16 cannot hold (HF-style mask = (1 - m) * -3.4e38)
+    roots deny propagation, so fully masked rows stay finite: no -inf reaches the softmax."""
+    m = model("""(float[2,4] x, int64[2,4] keep) => (float[2,4] y) {
+        [allow1] scores = MatMul(x, w)
+        [clr1] keepf = Cast<to=1>(keep)
+        [inf1] inverted = Sub(one, keepf)
+        [unfit1] bias = Mul(inverted, lowest)
+        [inf2] masked = Add(scores, bias)
+        [inf3] probs = Softmax(masked)
+        [allow2] y = MatMul(probs, w2)
+    }""", {**W, "one": np.array(1.0, np.float32), "lowest": np.array(np.finfo(np.float32).min, np.float32)})
+    out, report = convert(m, provider="CUDAExecutionProvider", range_check="off")
+    assert colors(out) == {"allow1": "low", "inf1": "fp32", "unfit1": "fp32", "inf2": "fp32",
+                           "inf3": "fp32", "allow2": "low"}
+    x = rng(5).standard_normal((2, 4)).astype(np.float32)
+    keep = np.array([[1, 1, 0, 0], [0, 0, 0, 0]], np.int64)  # the second row is fully masked
+    got, want = run(out, x=x, keep=keep)[0], run(m, x=x, keep=keep)[0]
+    assert np.isfinite(got).all() and np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import onnx
+
 from ..analysis import OFFLINE, Analysis
 from ..coloring import Color, Priority
 from ..graph import INITIALIZER
-from ..tensors import constant_tensor, judge_fit, read_array
+from ..tensors import constant_tensor, judge_fit, judge_fits, read_array
 
 
 class KeepUnfitConstants:
@@ -17,28 +19,36 @@ class KeepUnfitConstants:
 
     def run(self, analysis: Analysis) -> None:
         index, options = analysis.index, analysis.options
+        pending = []
         for value in index.all_values():
             if not analysis.is_float(value) or analysis.producer_color(value) != OFFLINE:
                 continue
             readers = [(n, i) for n, i in value.uses if n in analysis.slots and i in analysis.slots[n].inputs
                        and analysis.coloring.color(n) != Color.FP32]
-            if not readers:
-                continue
-            if value.source == INITIALIZER:
-                tensor, kind = index.initializers[value.key], "initializer"
-            else:
-                tensor, kind = constant_tensor(index.producer_node(value).proto), "Constant"
-            fit = judge_fit(read_array(tensor, analysis.base_dir), analysis.precision, options.underflow_share)
+            if readers:
+                pending.append((value, readers))
+        arrays = (read_array(_tensor_of(analysis, value), analysis.base_dir) for value, _ in pending)
+        for (value, readers), fit in zip(pending, judge_fits(arrays, analysis.precision, options.underflow_share)):
             if fit.problem is None:
                 continue
+            kind = "initializer" if value.source == INITIALIZER else "Constant"
             analysis.kept_constants[value.name] = fit.problem
             for node_id, _ in readers:
-                analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {fit.problem}",
-                                      Priority.SAFETY)
+                if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {fit.problem}",
+                                         Priority.SAFETY):
+                    analysis.unfit_readers.add(node_id)
         for node_id in analysis.slots:
             node = index.nodes[node_id]
             if node.op_type == "ConstantOfShape" and node.domain == "":
                 fill = constant_tensor(node.proto)
                 fit = judge_fit(read_array(fill, None), analysis.precision, options.underflow_share) if fill else None
-                if fit is not None and fit.problem:
-                    analysis.coloring.fix(node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY)
+                if fit is not None and fit.problem and analysis.coloring.fix(
+                        node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
+                    analysis.unfit_readers.add(node_id)
+
+
+def _tensor_of(analysis: Analysis, value) -> onnx.TensorProto:
+    if value.source == INITIALIZER:
+        return analysis.index.initializers[value.key]
+    return constant_tensor(analysis.index.producer_node(value).proto)
+

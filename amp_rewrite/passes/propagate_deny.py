@@ -9,17 +9,20 @@ from ..oplists import CLEAR, DENY, INFER
 
 class PropagateDeny:
     """Invariant: every free infer or clear node that reads, through a chain of infer
-    and clear nodes, an output of a float32 deny node is fixed float32 (as TensorFlow's
-    AutoMixedPrecision does), so fp32-sensitive results are not rounded on their way
-    to the next allow op.
+    and clear nodes, an output of a float32 deny node, or of a node that reads a
+    constant float16 cannot hold (such as an attention mask of -3.4e38), is fixed
+    float32 (as TensorFlow's AutoMixedPrecision does for deny ops), so results that
+    need float32 are not rounded or overflowed on their way to the next allow op.
     """
 
     def run(self, analysis: Analysis) -> None:
         coloring, index = analysis.coloring, analysis.index
-        roots = [n for n, d in coloring.decisions.items() if d.op_class == DENY and d.color is Color.FP32]
+        roots = [n for n, d in coloring.decisions.items()
+                 if d.color is Color.FP32 and (d.op_class == DENY or n in analysis.unfit_readers)]
         for root in roots:
             source = index.nodes[root]
-            reason = f"downstream of deny node {source.label!r} ({source.op_type}); float32 until the next allow op"
+            why = "deny node" if coloring.decisions[root].op_class == DENY else "unfit-constant reader"
+            reason = f"downstream of {why} {source.label!r} ({source.op_type}); float32 until the next allow op"
             stack = [root]
             while stack:
                 node_id = stack.pop()
