@@ -92,6 +92,9 @@ class InsertCasts:
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
         produced = analysis.producer_color(value)
+        if produced is Color.FP32 and not value.output_of and all(
+                analysis.use_color(n, i) is Color.FP32 for n, i in value.uses):
+            return  # float32 in, float32 out: the common case in float32 regions, nothing to do
         needs = self._needs(value)
         output_color = {analysis.output_color(g) for g in value.output_of}
         if produced == OFFLINE:
