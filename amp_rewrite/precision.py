@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
@@ -15,29 +16,29 @@ class Precision(str, enum.Enum):
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
 
-    @property
+    @cached_property
     def onnx_type(self) -> int:
         return TensorProto.FLOAT16 if self is Precision.FLOAT16 else TensorProto.BFLOAT16
 
-    @property
+    @cached_property
     def numpy_type(self) -> np.dtype:
         return np.dtype(np.float16) if self is Precision.FLOAT16 else np.dtype(ml_dtypes.bfloat16)
 
-    @property
+    @cached_property
     def max(self) -> float:
         """Largest finite value."""
         return float(ml_dtypes.finfo(self.numpy_type).max)
 
-    @property
+    @cached_property
     def smallest_subnormal(self) -> float:
         """Magnitudes below half of this round to zero."""
         return float(ml_dtypes.finfo(self.numpy_type).smallest_subnormal)
 
-    @property
+    @cached_property
     def short(self) -> str:
         return "fp16" if self is Precision.FLOAT16 else "bf16"
 
-    @property
+    @cached_property
     def schema_type(self) -> str:
         """The type string ONNX schemas and kernel tables use."""
         return f"tensor({self.value})"

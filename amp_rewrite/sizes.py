@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import onnx
 from onnx import AttributeProto
 
-from .graph import ModelIndex, Value, set_type
+from .graph import ModelIndex, Value, ValueKey, set_type
 
 SYMBOLIC_DIM = 64
 """Assumed extent of a dimension with no known value (a batch or sequence length)."""
@@ -23,31 +23,39 @@ class ValueSizes:
 
     def __init__(self, index: ModelIndex) -> None:
         self.index = index
-        self._inferred = False
+        self._inferred: dict[ValueKey, onnx.ValueInfoProto] | None = None
 
     def elements(self, value: Value) -> int:
-        if value.shape is None and not self._inferred:
-            self._infer()
+        if value.shape is None:
+            self._read_inferred(value)
         if value.shape is None:
             return UNKNOWN_ELEMENTS
         return math.prod(d if isinstance(d, int) and d > 0 else (1 if d == 0 else SYMBOLIC_DIM)
                          for d in value.shape)
 
-    def _infer(self) -> None:
-        self._inferred = True
+    def _read_inferred(self, value: Value) -> None:
+        if self._inferred is None:
+            self._inferred = self._infer()
+        info = self._inferred.get(value.key)
+        if info is not None:
+            elem_type = value.elem_type
+            set_type(value, info.type)
+            value.elem_type = elem_type or value.elem_type
+
+    def _infer(self) -> dict[ValueKey, onnx.ValueInfoProto]:
+        """Inferred value infos by value key (read lazily: most values never need one)."""
         light = _without_weights(self.index.model)
         try:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
-            return
+            return {}
+        found = {}
         for graph, proto in zip(self.index.graphs, iter_graphs(inferred.graph)):
             for info in (*proto.value_info, *proto.output):
                 key = graph.scope.get(info.name)
-                value = self.index.values.get(key) if key else None
-                if value is not None and value.shape is None:
-                    elem_type = value.elem_type
-                    set_type(value, info.type)
-                    value.elem_type = elem_type or value.elem_type
+                if key is not None:
+                    found[key] = info
+        return found
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
