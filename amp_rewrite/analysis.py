@@ -10,7 +10,7 @@ from typing import Protocol
 from onnx import TensorProto
 
 from .coloring import Color, Coloring
-from .graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Node, Value
+from .graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
 from .options import ConvertOptions
 from .policy import Policy
 from .precision import Precision
@@ -58,9 +58,6 @@ class Analysis:
     def is_float(self, value: Value) -> bool:
         return value.elem_type == FLOAT
 
-    def is_top_level_io(self, value: Value) -> bool:
-        return value.key[0] == 0 and value.source == GRAPH_INPUT
-
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""
         if value.source == INITIALIZER:
@@ -85,9 +82,6 @@ class Analysis:
 
     def output_color(self, graph_id: int) -> Color:
         return self.io_color if graph_id == 0 else Color.FP32
-
-    def node(self, node_id: int) -> Node:
-        return self.index.nodes[node_id]
 
     def slot_values(self, node_id: int):
         """(is_input, index, value) for each convertible slot of a candidate node."""

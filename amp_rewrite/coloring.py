@@ -64,6 +64,3 @@ class Coloring:
 
     def free_nodes(self) -> list[int]:
         return [n for n, d in self.decisions.items() if d.free]
-
-    def __contains__(self, node_id: int) -> bool:
-        return node_id in self.decisions

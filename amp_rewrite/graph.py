@@ -63,7 +63,6 @@ class Graph:
     id: int
     proto: onnx.GraphProto
     parent: int | None
-    owner: int | None
     scope: dict[str, ValueKey] = field(default_factory=dict)
     outputs: list[ValueKey] = field(default_factory=list)
 
@@ -83,9 +82,6 @@ class ModelIndex:
 
     def opset(self, node: Node) -> int:
         return self.opsets.get(node.domain, 1)
-
-    def value(self, key: ValueKey) -> Value:
-        return self.values[key]
 
     def producer_node(self, value: Value) -> Node | None:
         return self.nodes[value.producer[0]] if value.producer else None
@@ -113,7 +109,7 @@ class ModelIndex:
         return value.key
 
     def _index_graph(self, proto: onnx.GraphProto, parent: int | None, owner: int | None) -> None:
-        graph = Graph(len(self.graphs), proto, parent, owner)
+        graph = Graph(len(self.graphs), proto, parent)
         self.graphs.append(graph)
         if owner is not None:
             self.subgraphs.setdefault(owner, []).append(graph.id)

@@ -43,5 +43,3 @@ class Precision(str, enum.Enum):
         """The type string ONNX schemas and kernel tables use."""
         return f"tensor({self.value})"
 
-
-FLOAT = TensorProto.FLOAT

@@ -78,17 +78,25 @@ def judge_fits(arrays: Iterable[np.ndarray], precision: Precision, underflow_sha
 
 def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share: float) -> list[Fit]:
     sizes = np.array([a.size for a in arrays])
-    flat = np.abs(np.concatenate([a.ravel() for a in arrays] + [np.zeros(1)]).astype(np.float64, copy=False))
-    flat[~np.isfinite(flat)] = 0.0  # inf/nan stay inf/nan in any float type; judge the rest
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    maxima = np.maximum.reduceat(flat, starts)
-    squares = flat * flat
+    present = [a.ravel() for a in arrays if a.size]
+    if not present:
+        return [Fit(0.0, 0.0, None) for _ in arrays]
+    flat = np.abs(present[0] if len(present) == 1 else np.concatenate(present))
+    finite = np.isfinite(flat)
+    if not finite.all():
+        flat[~finite] = 0  # inf/nan stay inf/nan in any float type; judge the rest
+    starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]])
+    maxima = np.maximum.reduceat(flat, starts).astype(np.float64)
     tiny = (flat < precision.smallest_subnormal / 2) & (flat > 0)
-    lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
-                   / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
+    lost = np.zeros(len(starts))
+    if tiny.any():  # squares in float64 only when something can flush to zero
+        squares = np.square(flat, dtype=np.float64)
+        lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
+                       / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
+    judged = iter(zip(maxima.tolist(), lost.tolist()))
     fits = []
-    for size, max_abs, share in zip(sizes, maxima.tolist(), lost.tolist()):
-        max_abs, share = (max_abs, share) if size else (0.0, 0.0)
+    for size in sizes:
+        max_abs, share = next(judged) if size else (0.0, 0.0)
         problem = None
         if max_abs > precision.max:
             problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"

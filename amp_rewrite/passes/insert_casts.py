@@ -23,7 +23,6 @@ SOURCE_TYPE_KEY = "amp_rewrite.source_type"
 @dataclass
 class RewriteStats:
     casts: int = 0
-    low_values: int = 0
     initializers_converted: int = 0
     initializer_copies: int = 0
     constants_converted: int = 0
@@ -101,7 +100,6 @@ class InsertCasts:
             self._convert_constant(value, needs, output_color)
             return
         if produced is Color.LOW:
-            self.stats.low_values += 1
             self._set_type(value.key[0], value.name, self.low)
         other = Color.FP32 if produced is Color.LOW else Color.LOW
         if other in output_color:
