@@ -96,9 +96,6 @@ def test_light_model_as_shipped_never_gains_nan(path: str) -> None:
     relative, new_nonfinite = _compare(model, mixed)
     assert not new_nonfinite, "the mixed model gives NaN/Inf where float32 does not"
     assert relative < REL_TOLERANCE
-    overflowing = [d for d in report.fp32_reasons if "on generated inputs" in d.reason]
-    if overflowing:
-        assert all("beyond" in d.reason for d in overflowing)
 
 
 @pytest.mark.slow
