@@ -83,6 +83,10 @@ class Analysis:
     def output_color(self, graph_id: int) -> Color:
         return self.io_color if graph_id == 0 else Color.FP32
 
+    def slot_readers(self, value: Value) -> list[tuple[int, int]]:
+        """The (node, input index) uses of ``value`` at convertible slots of candidates."""
+        return [(n, i) for n, i in value.uses if n in self.slots and i in self.slots[n].inputs]
+
     def slot_values(self, node_id: int):
         """(is_input, index, value) for each convertible slot of a candidate node."""
         node, slots = self.index.nodes[node_id], self.slots[node_id]

@@ -32,8 +32,8 @@ class ConvertOptions:
     - ``range_check``: run the model on generated inputs and keep nodes whose
       values leave the target's range in float32: "auto" (models up to
       ``range_check_max_bytes`` of weights), "on" or "off".
-    - ``activation_limit``: measured magnitudes above ``precision max / headroom``
-      count as overflow.
+    - ``headroom``: measured magnitudes above ``precision max / headroom`` count
+      as overflow (generated inputs can be narrower than real data).
     - ``underflow_share``: a constant whose values that flush to zero carry more
       than this share of its L2 norm keeps its readers in float32.
     """

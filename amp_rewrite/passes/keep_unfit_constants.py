@@ -23,8 +23,7 @@ class KeepUnfitConstants:
         for value in index.all_values():
             if not analysis.is_float(value) or analysis.producer_color(value) != OFFLINE:
                 continue
-            readers = [(n, i) for n, i in value.uses if n in analysis.slots and i in analysis.slots[n].inputs
-                       and analysis.coloring.color(n) != Color.FP32]
+            readers = [(n, i) for n, i in analysis.slot_readers(value) if analysis.coloring.color(n) != Color.FP32]
             if readers:
                 pending.append((value, readers))
         arrays = (read_array(_tensor_of(analysis, value), analysis.base_dir) for value, _ in pending)

@@ -95,7 +95,7 @@ class MeasureRanges:
 
 
 def _touching(analysis: Analysis, value: Value) -> list[int]:
-    nodes = [n for n, i in value.uses if n in analysis.slots and i in analysis.slots[n].inputs]
+    nodes = [n for n, _ in analysis.slot_readers(value)]
     producer = value.producer
     if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
         nodes.append(producer[0])

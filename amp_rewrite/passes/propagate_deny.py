@@ -27,9 +27,8 @@ class PropagateDeny:
             while stack:
                 node_id = stack.pop()
                 for _, _, value in (s for s in analysis.slot_values(node_id) if not s[0]):
-                    for consumer, i in value.uses:
-                        decision = coloring.decisions.get(consumer)
-                        if (decision is not None and decision.free and decision.op_class in (INFER, CLEAR)
-                                and i in analysis.slots[consumer].inputs):
+                    for consumer, _ in analysis.slot_readers(value):
+                        decision = coloring.decisions[consumer]
+                        if decision.free and decision.op_class in (INFER, CLEAR):
                             coloring.fix(consumer, Color.FP32, reason, Priority.POLICY)
                             stack.append(consumer)
