@@ -43,6 +43,9 @@ class Analysis:
     notes: list[str] = field(default_factory=list)
     range_check: str = "not run"
     measured_fp32: dict[str, str] = field(default_factory=dict)
+    measured: dict | None = None
+    """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
+    uses them instead of running the model."""
 
     def __post_init__(self) -> None:
         self.policy = Policy(self.options.provider, self.options.policy)

@@ -10,14 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .check import DEFAULT_PROVIDER, check
+from .compare import METRICS, Tolerance, parse_tolerance
 from .convert import analyze, convert
 from .errors import UserError
 from .io import load, save_text
 from .kernels import PROVIDERS
 from .options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_MODES, ConvertOptions
 from .precision import Precision
+from .samples import parse_shape
 
-EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 2, 3
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,12 +48,32 @@ def _coloring_arguments(parser: argparse.ArgumentParser) -> None:
                        help="run the model on generated inputs and keep overflowing values float32")
 
 
+def _tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tolerance")
+    group.add_argument("--rtol", type=float, default=Tolerance.rtol, help="relative tolerance (default %(default)g)")
+    group.add_argument("--atol", type=float, default=Tolerance.atol, help="absolute tolerance (default %(default)g)")
+    group.add_argument("--tol", action="append", default=[], metavar="OUTPUT:RTOL:ATOL",
+                       help="tolerance for one output")
+    group.add_argument("--metric", choices=METRICS, default=Tolerance.metric,
+                       help="the statistic the tolerance applies to (default %(default)s)")
+
+
+def _tolerances(args: argparse.Namespace) -> tuple[Tolerance, dict[str, Tolerance]]:
+    default = Tolerance(args.rtol, args.atol, args.metric)
+    return default, dict(parse_tolerance(t, default) for t in args.tol)
+
+
 def _options(args: argparse.Namespace) -> ConvertOptions:
+    extra = {}
+    if args.command == "convert":
+        default, per_output = _tolerances(args)
+        extra = dict(calibrate=args.calibrate, validate=args.validate, tolerance=default, tolerances=per_output,
+                     headroom=args.headroom, flush_share=args.flush_share)
     return ConvertOptions(
         precision=args.precision, provider=None if args.provider == "none" else args.provider,
         keep_io_types=args.keep_io_types, keep_fp32_ops=args.keep_fp32_op, keep_fp32_nodes=args.keep_fp32_node,
         force_low_ops=args.force_low_op, force_low_nodes=args.force_low_node, unknown_ops=args.unknown_ops,
-        policy=args.policy, range_check=args.range_check,
+        policy=args.policy, range_check=args.range_check, **extra,
     )
 
 
@@ -64,11 +87,44 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--report", metavar="REPORT.json", help="write the full report as JSON")
     conv.add_argument("--quiet", action="store_true", help="print nothing on success")
     _coloring_arguments(conv)
+    numerics = conv.add_argument_group("numerics")
+    numerics.add_argument("--calibrate", nargs="+", default=[], metavar="DATA.npz",
+                          help="measure the float32 model's values on these samples and keep in float32 "
+                               "what overflows or flushes to zero")
+    numerics.add_argument("--validate", nargs="+", default=[], metavar="DATA.npz",
+                          help="check the result on these samples (emulating the target precision) and keep "
+                               "in float32 the nodes localization blames until it passes")
+    numerics.add_argument("--headroom", type=float, default=ConvertOptions.headroom,
+                          help="a value counts as overflowing beyond precision max / headroom (default %(default)g)")
+    numerics.add_argument("--flush-share", type=float, default=ConvertOptions.flush_share,
+                          help="calibration: keep a value float32 when more than this share of its nonzero "
+                               "elements flush to zero (default %(default)g)")
+    _tolerance_arguments(conv)
     insp = commands.add_parser("inspect", help="print the coloring and its reasons; nothing is written")
     insp.add_argument("input")
     insp.add_argument("--explain", metavar="NODE", help="explain one node's decision")
     insp.add_argument("--json", action="store_true", help="print the decisions as JSON")
     _coloring_arguments(insp)
+    chk = commands.add_parser("check", help="compare a mixed-precision model's outputs with the float32 model's")
+    chk.add_argument("original", help="the float32 model")
+    chk.add_argument("mixed", help="the mixed-precision model")
+    chk.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
+                     help="one sample, keyed by input name (repeat for more)")
+    chk.add_argument("--random", type=int, metavar="N",
+                     help="also run N generated samples (default 1 without --inputs)")
+    chk.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
+                     help="shape of a generated input, e.g. input_ids:1x128")
+    chk.add_argument("--seed", type=int, default=0, help="seed of generated inputs")
+    chk.add_argument("--provider", default=DEFAULT_PROVIDER,
+                     help="execution provider that runs both models (default %(default)s)")
+    chk.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=None,
+                     help="round every low-precision value as the GPU would store it, on a float32 runtime "
+                          "(default: on unless the provider runs float16 natively)")
+    chk.add_argument("--localize", action="store_true",
+                     help="on failure, rank the nodes where the error first grows")
+    chk.add_argument("--report", metavar="REPORT.json", help="write the result as JSON")
+    chk.add_argument("--junit", metavar="REPORT.xml", help="write the result as JUnit XML")
+    _tolerance_arguments(chk)
     return parser
 
 
@@ -91,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "check":
+        return _check(args)
     options = _options(args)
     if args.command == "convert":
         if args.report:
@@ -101,6 +159,9 @@ def _run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(report.summary())
             print(f"  wrote {args.output}")
+        if report.validation is not None and not report.validation.passed:
+            print("amp-rewrite: validation failed: the written model is out of tolerance", file=sys.stderr)
+            return EXIT_CHECK_FAILED
         return EXIT_OK
     model = load(args.input)
     analysis = analyze(model, options, os.path.dirname(os.path.abspath(args.input)))
@@ -117,6 +178,26 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{sum(r[3] == 'low' for r in rows)} of {len(rows)} float nodes in {options.precision}; "
               f"range check: {analysis.range_check}")
     return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    for path in (args.report, args.junit):
+        if path:
+            _check_writable(Path(path))
+    if args.random is not None and args.random < 1:
+        raise UserError(f"--random must be at least 1, got {args.random}")
+    default, per_output = _tolerances(args)
+    result = check(args.original, args.mixed, inputs=args.inputs, random=args.random,
+                   shapes=dict(parse_shape(s) for s in args.shape), tolerance=default, tolerances=per_output,
+                   provider=args.provider, emulate=args.emulate, localize_failures=args.localize, seed=args.seed)
+    if result.fix:
+        result.fix = f"amp-rewrite convert {args.original} -o {args.mixed} {result.fix}"
+    print(result.table())
+    if args.report:
+        save_text(Path(args.report), result.to_json())
+    if args.junit:
+        save_text(Path(args.junit), result.to_junit())
+    return EXIT_OK if result else EXIT_CHECK_FAILED
 
 
 def _explain(analysis, wanted: str) -> str:

@@ -17,9 +17,11 @@ from .errors import UserError
 from .graph import ModelIndex
 from .options import ConvertOptions
 from .passes import ANALYSIS, InsertCasts
+from .passes.insert_casts import RewriteStats
 from .passes.measure_ranges import RECORD_KEY
 from .report import Report, build_report
 from .tensors import external_location
+from .validate import convert_validated
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -28,10 +30,11 @@ PathLike = TypeVar("PathLike", str, os.PathLike)
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
-            base_dir: str | os.PathLike | None = None) -> Analysis:
-    """Color ``model`` without editing it: the coloring, each decision's reason, and notes."""
+            base_dir: str | os.PathLike | None = None, measured: dict | None = None) -> Analysis:
+    """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
+    ``measured``: value statistics from an earlier run, used instead of running the model."""
     options = (options or ConvertOptions()).validated()
-    analysis = Analysis(ModelIndex(model), options, base_dir)
+    analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured)
     for step in ANALYSIS:
         step().run(analysis)
     return analysis
@@ -66,10 +69,14 @@ def convert(model, output=None, options=None, **kwargs):
     started = time.perf_counter()
     proto, base_dir, kind = _load(model, output)
     bytes_before = _model_bytes(model, proto) if kind == "path" else proto.ByteSize()
-    analysis = analyze(proto, options, base_dir)
-    stats = InsertCasts().run(analysis)
+    validation = None
+    if options.validate:
+        proto, analysis, stats, validation = convert_validated(proto, options, base_dir, _rewrite)
+    else:
+        analysis, stats = _rewrite(proto, options, base_dir)
     _record_decisions(proto, analysis)
     report = build_report(analysis, stats)
+    report.validation = validation
     if kind == "path":
         io.save(proto, output, base_dir)
         report.bytes_before, report.bytes_after = bytes_before, _model_bytes(output, None)
@@ -84,6 +91,12 @@ def convert(model, output=None, options=None, **kwargs):
         report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
     report.seconds = time.perf_counter() - started
     return result, report
+
+
+def _rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
+             measured: dict | None = None) -> tuple[Analysis, RewriteStats]:
+    analysis = analyze(proto, options, base_dir, measured)
+    return analysis, InsertCasts().run(analysis)
 
 
 def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:

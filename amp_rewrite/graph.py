@@ -8,6 +8,7 @@ that defines them and their name, which keeps shadowed names in subgraphs apart.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -167,3 +168,30 @@ def set_type(value: Value, type_proto: onnx.TypeProto) -> None:
         value.shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
         )
+
+
+@dataclass
+class PendingInserts:
+    """Nodes waiting to be inserted: graph id -> position -> nodes to place before it."""
+
+    inserts: dict[int, dict[int, list[onnx.NodeProto]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+
+    def after(self, index: ModelIndex, value: Value, nodes: list[onnx.NodeProto]) -> None:
+        """Insert ``nodes`` right after ``value``'s producer (at the graph's start for inputs and weights)."""
+        producer = index.producer_node(value)
+        position = producer.position + 1 if producer else 0
+        self.inserts[value.key[0]][position].extend(nodes)
+
+    def apply(self, index: ModelIndex) -> None:
+        # Rebuilding a node list copies its nodes, so subgraphs (higher ids) go before their parents.
+        for graph_id, at in sorted(self.inserts.items(), reverse=True):
+            proto = index.graphs[graph_id].proto
+            nodes = list(proto.node)
+            ordered = []
+            for position in range(len(nodes) + 1):
+                ordered.extend(at.get(position, ()))
+                if position < len(nodes):
+                    ordered.append(nodes[position])
+            del proto.node[:]
+            proto.node.extend(ordered)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .compare import Tolerance
 from .errors import UserError
 from .kernels import PROVIDERS
 from .precision import Precision
@@ -36,6 +37,14 @@ class ConvertOptions:
       as overflow (generated inputs can be narrower than real data).
     - ``underflow_share``: a constant whose values that flush to zero carry more
       than this share of its L2 norm keeps its readers in float32.
+    - ``calibrate``: samples (.npz paths or dicts of arrays) to measure the float32
+      model's values on; a value that overflows (beyond ``precision max / headroom``)
+      or of whose nonzero elements more than ``flush_share`` flush to zero keeps the
+      nodes that produce and read it in float32. Replaces the generated-input range check.
+    - ``validate``: samples on which the converted model is checked against the
+      float32 one (emulating the target precision) with ``tolerance`` (and per-output
+      ``tolerances``); while it fails, the nodes localization blames are kept float32
+      and the model is converted again, at most ``max_rounds`` times.
     """
 
     precision: Precision | str = Precision.FLOAT16
@@ -52,6 +61,12 @@ class ConvertOptions:
     headroom: float = 16.0
     underflow_share: float = 0.01
     seed: int = 0
+    calibrate: list = field(default_factory=list)
+    flush_share: float = 0.05
+    validate: list = field(default_factory=list)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    max_rounds: int = 8
 
     def validated(self) -> ConvertOptions:
         """Return a copy with enums resolved; raise UserError on a bad value."""
@@ -68,6 +83,8 @@ class ConvertOptions:
                 re.compile(pattern)
             except re.error as exc:
                 raise UserError(f"node pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        if not 0 <= self.flush_share <= 1:
+            raise UserError(f"flush_share must be between 0 and 1, got {self.flush_share}")
         if self.headroom < 1:
             raise UserError(f"headroom must be at least 1, got {self.headroom}")
         copy = ConvertOptions(**{**self.__dict__, "precision": precision})
@@ -86,3 +103,8 @@ def matches_node(name: str, patterns: list[str]) -> str | None:
         if pattern == name or re.fullmatch(pattern, name):
             return pattern
     return None
+
+
+def node_key(node) -> str:
+    """What node patterns match: the node's name, or its first output's name when it has none."""
+    return node.proto.name or (node.proto.output[0] if node.proto.output else "")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from .analysis import Analysis
 from .coloring import Color
 from .passes.insert_casts import RewriteStats
+
+if TYPE_CHECKING:
+    from .validate import Validation
 
 
 @dataclass
@@ -44,6 +48,7 @@ class Report:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     decisions: list[NodeDecision] = field(default_factory=list)
+    validation: Validation | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -69,6 +74,8 @@ class Report:
         for name, problem in list(self.constants_kept_fp32.items())[:5]:
             lines.append(f"  constant {name!r} kept float32: {problem}")
         lines.extend(f"  {note}" for note in self.notes)
+        if self.validation is not None:
+            lines.extend("  " + line for line in self.validation.summary().splitlines())
         lines.append(f"  time: {self.seconds:.2f} s")
         return "\n".join(lines)
 

@@ -7,7 +7,7 @@ from ..coloring import Color, Priority
 from ..errors import UserError
 from ..kernels import kernel_table
 from ..oplists import ALLOW, DENY
-from ..options import matches_node
+from ..options import matches_node, node_key
 
 
 class ColorByPolicy:
@@ -49,7 +49,7 @@ class ColorByPolicy:
 
     def _user(self, analysis: Analysis, node_id: int) -> None:
         options, node = analysis.options, analysis.index.nodes[node_id]
-        name = node.proto.name
+        name = node_key(node)
         for patterns, ops, color, flag in (
             (options.keep_fp32_nodes, options.keep_fp32_ops, Color.FP32, "keep-fp32"),
             (options.force_low_nodes, options.force_low_ops, Color.LOW, "force-low"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -11,7 +11,7 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from ..analysis import FLOAT, OFFLINE, Analysis
 from ..coloring import Color
-from ..graph import INITIALIZER, Node, Value
+from ..graph import INITIALIZER, Node, PendingInserts, Value
 from ..oplists import RETYPED_BY_ATTRIBUTE
 from ..tensors import constant_tensor, external_location, read_array
 
@@ -28,32 +28,6 @@ class RewriteStats:
     constants_converted: int = 0
 
 
-@dataclass
-class _Edits:
-    """Pending node insertions: graph id -> position -> nodes to insert before it."""
-
-    inserts: dict[int, dict[int, list[onnx.NodeProto]]] = field(
-        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
-
-    def after(self, analysis: Analysis, value: Value, nodes: list[onnx.NodeProto]) -> None:
-        producer = analysis.index.producer_node(value)
-        position = producer.position + 1 if producer else 0
-        self.inserts[value.key[0]][position].extend(nodes)
-
-    def apply(self, analysis: Analysis) -> None:
-        # Rebuilding a node list copies its nodes, so subgraphs (higher ids) go before their parents.
-        for graph_id, at in sorted(self.inserts.items(), reverse=True):
-            proto = analysis.index.graphs[graph_id].proto
-            nodes = list(proto.node)
-            ordered = []
-            for position in range(len(nodes) + 1):
-                ordered.extend(at.get(position, ()))
-                if position < len(nodes):
-                    ordered.append(nodes[position])
-            del proto.node[:]
-            proto.node.extend(ordered)
-
-
 class InsertCasts:
     """Invariant: every float32 value read in another precision than it is produced in
     goes through exactly one Cast per target type, placed in the value's defining graph
@@ -67,7 +41,7 @@ class InsertCasts:
         self.analysis = analysis
         self.low = analysis.precision.onnx_type
         self.stats = RewriteStats()
-        self.edits = _Edits()
+        self.edits = PendingInserts()
         self.taken = {name for _, name in analysis.index.values} | {n.proto.name for n in analysis.index.nodes}
         self.infos = _value_infos(analysis)
         for value in list(analysis.index.all_values()):
@@ -76,7 +50,7 @@ class InsertCasts:
         for node_id, decision in analysis.coloring.decisions.items():
             if decision.color is Color.LOW:
                 _retype_attribute(analysis.index.nodes[node_id], self.low, analysis)
-        self.edits.apply(analysis)
+        self.edits.apply(analysis.index)
         if self.stats.casts and "" not in analysis.index.opsets:
             _import_default_domain(analysis.index.model)
         return self.stats
@@ -121,7 +95,7 @@ class InsertCasts:
             # Fold the chain: casting the Cast's own input rounds once, as the original model did.
             source = producer.proto.input[0]
         node = helper.make_node("Cast", [source], [target], to=to, name=self._unique(f"{target}_cast"))
-        self.edits.after(self.analysis, value, [node])
+        self.edits.after(self.analysis.index, value, [node])
         self.stats.casts += 1
 
     def _rename(self, value: Value, new_name: str, keep: list[tuple[int, int]]) -> None:
@@ -163,7 +137,7 @@ class InsertCasts:
             node.output[0] = self._unique(f"{value.name}_{self.analysis.precision.short}")
             self._redirect(needs[Color.LOW], node.output[0])
             _set_constant(node, self._converted(constant_tensor(node)))
-            self.edits.after(self.analysis, value, [node])
+            self.edits.after(self.analysis.index, value, [node])
         else:
             self._set_type(value.key[0], value.name, self.low)
             _set_constant(producer.proto, self._converted(constant_tensor(producer.proto)))
