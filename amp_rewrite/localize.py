@@ -6,7 +6,9 @@ error of its outputs less the error of its inputs. A node that runs in low
 precision and grows the error is a suspect itself. A float32 node computes
 exactly what the reference computes, so error it grows (cancellation, or a Log
 of a value that flushed to zero) is amplified input damage: it is charged to the
-low-precision nodes that produced its inputs. Suspects that introduce NaN or Inf
+low-precision nodes that produced its inputs. A node that turns values that
+flushed to zero into NaN or Inf (a Log of underflowed probabilities) charges the
+low-precision producers of the flushed values first. Suspects that introduce NaN or Inf
 come first, earliest first; the rest are ranked by error growth.
 """
 
@@ -43,6 +45,8 @@ class Suspect:
 class _Damage:
     nonfinite: float
     rel_l2: float
+    flushed: float = 0.0
+    """Share of elements that are zero where the reference is not."""
 
 
 def localize(mixed: onnx.ModelProto, reference: Mapping[str, np.ndarray],
@@ -64,6 +68,10 @@ def localize(mixed: onnx.ModelProto, reference: Mapping[str, np.ndarray],
         if not nonfinite and not growth > MIN_GROWTH:
             continue
         what = "introduced NaN/Inf" if nonfinite else f"grew the relative error by {growth:.3g}"
+        if nonfinite and inp.flushed > 0:  # a Log or Div of values that underflowed to zero upstream
+            for producer in _low_producers(index, node):
+                _blame(suspects, producer, True, growth, f"its output flushed to zero in low precision, and "
+                       f"{node.op_type} {node_key(node)!r} turned that into NaN/Inf")
         if _is_low(index, node):
             _blame(suspects, node, nonfinite, growth, f"{what} computing in low precision")
             continue
@@ -92,7 +100,10 @@ class _Damager:
 
     def worst(self, keys) -> _Damage | None:
         found = [d for k in keys if k is not None and (d := self.of(self.index.values[k])) is not None]
-        return max(found, key=lambda d: (d.nonfinite, d.rel_l2)) if found else None
+        if not found:
+            return None
+        worst = max(found, key=lambda d: (d.nonfinite, d.rel_l2))
+        return _Damage(worst.nonfinite, worst.rel_l2, max(d.flushed for d in found))
 
     def of(self, value: Value) -> _Damage | None:
         if value.key not in self.cache:
@@ -125,7 +136,8 @@ def _damage(reference: np.ndarray, observed: np.ndarray) -> _Damage | None:
     both = finite & ~broken
     norm = np.linalg.norm(r[both])
     error = np.linalg.norm(m[both] - r[both])
-    return _Damage(float(np.mean(broken)), float(error / norm) if norm else float(error > 0))
+    flushed = float(np.mean((m == 0) & (r != 0)))
+    return _Damage(float(np.mean(broken)), float(error / norm) if norm else float(error > 0), flushed)
 
 
 def _is_low(index: ModelIndex, node: Node) -> bool:

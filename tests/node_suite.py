@@ -143,3 +143,40 @@ def compare(got, want) -> str | None:
     bound = RTOL * np.abs(want64[finite]) + SCALE_ATOL * scale + 1e-6
     worst = float((err / bound).max())
     return None if worst <= 1 else f"error {float(err.max()):.3g} beyond tolerance (x{worst:.1f}), scale {scale:.3g}"
+
+
+def emulation_ulps(case) -> float | str:
+    """Largest gap between ONNX Runtime running ``emulated(converted)`` and the reference
+    evaluator running the float16 model itself, in float16 ulps of the output's largest
+    magnitude; or why the case cannot be compared (a string)."""
+    from amp_rewrite import instrument
+    from amp_rewrite.emulate import emulated
+
+    model, report = convert(case.model, provider=None, keep_io_types=False)
+    if not report.low_nodes:
+        return "no low-precision node"
+    inputs, _ = case.data_sets[0]
+    feeds = {i.name: _numpy(a) for i, a in zip(case.model.graph.input, inputs)}
+    if any(not isinstance(a, np.ndarray) for a in feeds.values()):
+        return "sequence or optional inputs"
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    low_feeds = {name: _as_type(a, types[name]) for name, a in feeds.items()}
+    try:
+        original = instrument.run(instrument.session(case.model), feeds)
+        got = instrument.run(instrument.session(emulated(model)), low_feeds)
+    except Exception:
+        return "onnxruntime cannot run it"
+    if any(compare(original[o.name], w) for o, w in zip(case.model.graph.output, evaluate(case.model, feeds))):
+        return "the evaluators disagree on the float32 model"
+    worst = 0.0
+    for info, want in zip(model.graph.output, evaluate(model, low_feeds)):
+        g, w = np.asarray(got[info.name]).astype(np.float64), np.asarray(want).astype(np.float64)
+        if w.dtype.kind != "f" or not w.size:
+            continue
+        if not np.array_equal(np.isfinite(g), np.isfinite(w)):
+            return float("inf")
+        finite = np.isfinite(w)
+        if finite.any():
+            scale = np.spacing(np.float16(min(np.abs(w[finite]).max(), 65504))).astype(np.float64)
+            worst = max(worst, float(np.abs(g[finite] - w[finite]).max() / scale))
+    return worst

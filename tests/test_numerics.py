@@ -1,0 +1,297 @@
+"""Numerics you can trust: emulation, check, localization, calibration and validation.
+
+The broken models here really break in float16 once every node runs low (the
+``all-low`` policy other converters apply): a decomposed LayerNorm whose sum of
+squares overflows, probabilities under 6e-8 fed to a Log, a BatchNorm variance
+of 1e8, and a cancellation that float16 cannot resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+import xml.etree.ElementTree as ET
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+
+import amp_rewrite
+from amp_rewrite import check, instrument, samples
+from amp_rewrite.cli import main
+from amp_rewrite.emulate import emulated
+from models import builders
+from tests.helpers import model, rng, run
+from tests.node_suite import emulation_ulps, float_cases
+
+EMULATION_ULPS = 4
+"""Emulated outputs agree with the reference evaluator's float16 run within this many
+float16 ulps of the output's largest magnitude."""
+EMULATION_EXCEPTIONS = {
+    "test_gru_bidirectional": "the evaluator rounds the GRU's hidden state to float16 at every time step; "
+                              "the emulation, like a fused GPU kernel, rounds only the outputs",
+}
+
+
+def _layer_norm_model() -> onnx.ModelProto:
+    r = rng(1)
+    return model("""(float[8,64] x) => (float[8,64] y) {
+      [mm] h = MatMul(x, w)
+      [mean] mu = ReduceMean<axes=[-1]>(h)
+      [center] d = Sub(h, mu)
+      [square] sq = Mul(d, d)
+      [var] v = ReduceMean<axes=[-1]>(sq)
+      [eps] ve = Add(v, eps)
+      [sqrt] s = Sqrt(ve)
+      [norm] n = Div(d, s)
+      [proj] y = MatMul(n, w2)
+    }""", {"w": r.standard_normal((64, 64)).astype(np.float32) * 0.2, "eps": np.array(1e-5, np.float32),
+           "w2": r.standard_normal((64, 64)).astype(np.float32) * 0.1})
+
+
+def _layer_norm_data() -> dict:
+    return {"x": (rng(2).standard_normal((8, 64)) * 200).astype(np.float32)}
+
+
+def _log_softmax_model() -> onnx.ModelProto:
+    r = rng(3)
+    return model("""(float[4,32] x) => (float[4,32] y) {
+      [mm1] h = MatMul(x, w1)
+      [relu] a = Relu(h)
+      [mm2] logits = MatMul(a, w2)
+      [scale] z = Mul(logits, k)
+      [softmax] p = Softmax<axis=-1>(z)
+      [log] y = Log(p)
+    }""", {"w1": r.standard_normal((32, 32)).astype(np.float32), "w2": r.standard_normal((32, 32)).astype(np.float32),
+           "k": np.array(0.5, np.float32)})
+
+
+def _all_low(m: onnx.ModelProto, **options) -> onnx.ModelProto:
+    return amp_rewrite.convert(m, policy="all-low", range_check="off", **options)[0]
+
+
+def _low_share(report: amp_rewrite.Report) -> float:
+    return report.low_nodes / report.candidates
+
+
+# --- emulation -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_emulation_agrees_with_the_reference_evaluator_on_node_cases() -> None:
+    compared, failures, still_failing = 0, [], set()
+    for case in float_cases():
+        gap = emulation_ulps(case)
+        if isinstance(gap, str):
+            continue
+        compared += 1
+        if gap > EMULATION_ULPS:
+            (still_failing.add if case.name in EMULATION_EXCEPTIONS else failures.append)(f"{case.name}: {gap}")
+    assert compared > 700, "too few node cases ran with low-precision nodes"
+    assert not failures, "emulation disagrees with the reference evaluator:\n" + "\n".join(failures)
+    assert len(still_failing) == len(EMULATION_EXCEPTIONS), "an exception no longer applies"
+
+
+@pytest.mark.parametrize("name", [n for n in builders.SAMPLES if n != "control_flow"])
+def test_emulation_agrees_with_the_reference_evaluator_on_samples(name: str) -> None:
+    mixed = amp_rewrite.convert(builders.SAMPLES[name]())[0]
+    feeds = samples.generate(mixed)[0]
+    got = instrument.run(instrument.session(emulated(mixed)), feeds)
+    for info, want in zip(mixed.graph.output, run(mixed, **feeds)):
+        scale = np.spacing(np.float16(np.abs(want).max())).astype(np.float64)
+        assert np.abs(got[info.name].astype(np.float64) - want).max() <= EMULATION_ULPS * scale
+
+
+def test_control_flow_emulation_matches_float32_where_the_evaluator_cannot_run_loops() -> None:
+    """onnx's evaluator gets this Loop wrong on the float32 model itself, so the emulation
+    is held to the float32 ONNX Runtime run within float16 tolerance instead."""
+    original = builders.SAMPLES["control_flow"]()
+    feeds = samples.generate(original)[0]
+    fp32 = instrument.run(instrument.session(original), feeds)["y"]
+    assert not np.allclose(run(original, **feeds)[0], fp32, rtol=1e-3), "the evaluator's Loop is fixed: compare"
+    got = instrument.run(instrument.session(emulated(amp_rewrite.convert(original)[0])), feeds)["y"]
+    assert np.linalg.norm(got - fp32) / np.linalg.norm(fp32) < 1e-2
+    assert not np.array_equal(got, fp32), "nothing was rounded"
+
+
+@pytest.mark.parametrize("precision, numpy_type", [("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)])
+def test_emulation_rounds_overflows_and_flushes_as_the_low_type_stores(precision: str, numpy_type) -> None:
+    m = model("(float[6] x) => (float[6] y) { [mul] h = Mul(x, k) [relu] y = Relu(h) }",
+              {"k": np.array(3.0, np.float32)})
+    mixed = _all_low(m, precision=precision)
+    x = np.array([1e-8, 1.0001, 3.14159, 30000, -2, 7e37], np.float32)
+    got = instrument.run(instrument.session(emulated(mixed)), {"x": x})["y"]
+    with np.errstate(over="ignore"):
+        stored = (x.astype(numpy_type).astype(np.float32) * 3).astype(numpy_type)
+    expected = np.maximum(stored, 0).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)
+    if precision == "float16":
+        assert got[0] == 0 and np.isinf(got[3]), "float16 flush and overflow must show"
+
+
+# --- check and localize ----------------------------------------------------------------------------------
+
+
+def test_check_fails_an_overflowing_layer_norm_and_localizes_the_square() -> None:
+    m = _layer_norm_model()
+    result = check(m, _all_low(m), inputs=[_layer_norm_data()], localize_failures=True)
+    assert not result and result.failed_outputs == ["y"]
+    assert result.outputs[0].errors.rel_l2 > 0.5  # d / sqrt(inf): the output collapses to zero
+    assert result.suspects[0].node == "square" and result.suspects[0].nonfinite
+    assert "--keep-fp32-node square" in result.fix
+    assert "emulated float16" in result.mode
+
+
+def test_localize_blames_the_softmax_whose_probabilities_flushed_to_zero() -> None:
+    m = _log_softmax_model()
+    data = {"x": (rng(4).standard_normal((4, 32)) * 3).astype(np.float32)}
+    result = check(m, _all_low(m), inputs=[data], localize_failures=True)
+    assert not result and result.failed_outputs == ["y"]
+    assert result.suspects[0].node == "softmax", result.table()
+
+
+def test_check_passes_the_default_conversion_of_the_same_models() -> None:
+    for m, data in ((_layer_norm_model(), _layer_norm_data()),):
+        assert check(m, amp_rewrite.convert(m)[0], inputs=[data])
+
+
+def test_batch_norm_variance_of_1e8_breaks_only_when_forced_low() -> None:
+    r = rng(5)
+    m = model("""(float[2,4,8,8] x) => (float[2,4,8,8] y) {
+      [conv] c = Conv<pads=[1,1,1,1]>(x, w)
+      [bn] y = BatchNormalization(c, scale, bias, mean, var)
+    }""", {"w": r.standard_normal((4, 4, 3, 3)).astype(np.float32), "scale": np.full(4, 1e4, np.float32),
+           "bias": np.zeros(4, np.float32), "mean": np.zeros(4, np.float32),
+           "var": np.full(4, 1e8, np.float32)})
+    default, report = amp_rewrite.convert(m)
+    assert "var" in report.constants_kept_fp32
+    assert check(m, default, random=2)
+    forced = amp_rewrite.convert(m, force_low_nodes=["bn"])[0]
+    result = check(m, forced, random=2, localize_failures=True)
+    assert not result and result.failed_outputs == ["y"]
+    assert result.suspects[0].node == "bn"
+
+
+def test_check_reports_metrics_json_and_junit(tmp_path) -> None:
+    m = _layer_norm_model()
+    result = check(m, _all_low(m), inputs=[_layer_norm_data()], random=2)
+    assert result.samples == 3 and result.runs == 6
+    parsed = json.loads(result.to_json())
+    assert parsed["passed"] is False and parsed["outputs"][0]["name"] == "y"
+    suite = ET.fromstring(result.to_junit())
+    assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
+    assert "y" in result.table() and "FAIL" in result.table()
+
+
+def test_tolerance_per_output_and_metric() -> None:
+    m = model("(float[64] x) => (float[64] y) { [shift] a = Add(x, big) [unshift] y = Sub(a, big) }",
+              {"big": np.array(1000, np.float32)})
+    mixed = _all_low(m)
+    assert not check(m, mixed)
+    assert check(m, mixed, tolerances={"y": amp_rewrite.Tolerance(rtol=1, atol=1)})
+    assert not check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.05, metric="rel-l2"))
+    assert check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.5, metric="rel-l2"))
+
+
+# --- calibrate and validate ------------------------------------------------------------------------------
+
+
+def test_calibration_keeps_overflowing_values_fp32_and_most_nodes_low() -> None:
+    m = _layer_norm_model()
+    data = _layer_norm_data()
+    mixed, report = amp_rewrite.convert(m, policy="all-low", calibrate=[data])
+    assert any("'sq' reached" in d.reason for d in report.fp32_reasons)
+    assert _low_share(report) > 0.5
+    assert check(m, mixed, inputs=[data])
+
+
+def test_calibration_keeps_values_that_flush_to_zero_fp32() -> None:
+    m = _log_softmax_model()
+    data = {"x": (rng(4).standard_normal((4, 32)) * 3).astype(np.float32)}
+    mixed, report = amp_rewrite.convert(m, policy="all-low", calibrate=[data])
+    reasons = {d.node: d.reason for d in report.fp32_reasons}
+    assert "flush to zero" in reasons["softmax"]
+    assert _low_share(report) > 0.5
+    assert check(m, mixed, inputs=[data])
+
+
+def test_calibration_measures_values_inside_loop_bodies() -> None:
+    m = model("""(float[4] x) => (float[4] y) {
+      [loop] y = Loop(trips, cond, x) <body = loop_body (int64 i, bool c, float[4] s) => (bool c_out, float[4] s_out) {
+        [grow] g = Mul(s, hundred)
+        [shrink] s_out = Mul(g, tenth)
+        [keep] c_out = Identity(c)
+      }>
+    }""", {"trips": np.array(2, np.int64), "cond": np.array(True), "hundred": np.array(100, np.float32),
+           "tenth": np.array(0.01, np.float32)})
+    data = {"x": np.full(4, 300, np.float32)}
+    mixed, report = amp_rewrite.convert(m, policy="all-low", calibrate=[data])
+    reasons = {d.node: d.reason for d in report.fp32_reasons}
+    assert "'g' reached 3e+04" in reasons["grow"], reasons
+    assert check(m, mixed, inputs=[data])
+
+
+def test_validate_moves_the_blamed_nodes_to_fp32_in_a_few_runs() -> None:
+    m = model("(float[8,64] x) => (float[8,64] y) { [shift] a = Add(x, big) [unshift] b = Sub(a, big) "
+              "[proj] y = MatMul(b, w) }",
+              {"big": np.array(1000, np.float32), "w": rng(6).standard_normal((64, 64)).astype(np.float32) * 0.1})
+    data = {"x": rng(7).standard_normal((8, 64)).astype(np.float32)}
+    mixed, report = amp_rewrite.convert(m, policy="all-low", validate=[data])
+    validation = report.validation
+    assert validation.passed and validation.rounds == 3 and validation.runs == 4
+    assert set(validation.kept_fp32) == {"shift", "unshift"}
+    assert check(m, mixed, inputs=[data])
+    assert report.low_nodes == 1  # the MatMul
+
+
+# --- inputs and the command line -------------------------------------------------------------------------
+
+
+def test_generated_inputs_respect_types_named_dims_and_vocabularies() -> None:
+    m = model("""(int64[batch,seq] ids, int64[batch,seq] attention_mask, float[batch,seq,8] extra)
+                 => (float[batch,seq,8] y) {
+      [embed] e = Gather(table, ids)
+      [mask] mf = Cast<to=1>(attention_mask)
+      [mk] m3 = Unsqueeze(mf, axis)
+      [scale] s = Mul(e, m3)
+      [sum] y = Add(s, extra)
+    }""", {"table": np.zeros((50, 8), np.float32), "axis": np.array([-1], np.int64)})
+    drawn = samples.generate(m, 3, shapes={"ids": (2, 5)}, seed=1)
+    assert len(drawn) == 3
+    for sample in drawn:
+        assert sample["ids"].shape == (2, 5) and sample["ids"].max() < 50 and sample["ids"].max() >= 4
+        assert sample["attention_mask"].shape == (samples.NAMED_DIM, samples.NAMED_DIM)
+        assert (sample["attention_mask"] == 1).all() and sample["extra"].dtype == np.float32
+
+
+def test_cli_check_exit_codes_and_reports(tmp_path) -> None:
+    m = _layer_norm_model()
+    original, broken, good = tmp_path / "m.onnx", tmp_path / "broken.onnx", tmp_path / "good.onnx"
+    onnx.save(m, original)
+    onnx.save(_all_low(m), broken)
+    np.savez(tmp_path / "d.npz", **_layer_norm_data())
+    data = str(tmp_path / "d.npz")
+    junit, report = tmp_path / "r.xml", tmp_path / "r.json"
+    assert main(["check", str(original), str(broken), "--inputs", data, "--localize",
+                 "--junit", str(junit), "--report", str(report)]) == 1
+    assert ET.parse(junit).getroot().get("failures") == "1"
+    assert json.loads(report.read_text())["suspects"][0]["node"] == "square"
+    assert main(["convert", str(original), "-o", str(good), "--policy", "all-low", "--validate", data,
+                 "--quiet"]) == 0
+    assert main(["check", str(original), str(good), "--inputs", data]) == 0
+    assert main(["check", str(original), str(good), "--inputs", str(tmp_path / "missing.npz")]) == 2
+    assert main(["check", str(original), str(good), "--tol", "nope"]) == 2
+    assert main(["check", str(original), str(good), "--metric", "nope"]) == 2
+
+
+def test_wrong_input_data_is_a_user_error(tmp_path) -> None:
+    m = _layer_norm_model()
+    np.savez(tmp_path / "bad.npz", x=np.zeros((3, 3), np.float32))
+    with pytest.raises(amp_rewrite.UserError, match="shape"):
+        check(m, m, inputs=[str(tmp_path / "bad.npz")])
+    with pytest.raises(amp_rewrite.UserError, match="not among the model inputs"):
+        check(m, m, inputs=[{"x": np.zeros((8, 64), np.float32), "z": np.zeros(1)}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert check(m, m, inputs=[{"x": np.zeros((8, 64), np.float32)}]), "a model equals itself"
