@@ -24,6 +24,8 @@ demo: install
 	$(VENV)/bin/amp-rewrite convert out/demo/transformer.onnx -o out/demo/transformer.mixed.onnx \
 		--report out/demo/transformer.report.json
 	$(VENV)/bin/amp-rewrite convert out/demo/seed_cnn.onnx -o out/demo/seed_cnn.mixed.onnx
+	$(VENV)/bin/amp-rewrite check out/demo/transformer.onnx out/demo/transformer.mixed.onnx --random 2 \
+		--junit out/demo/transformer.check.xml
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup
@@ -34,6 +36,7 @@ lint: install
 bench: install
 	$(PY) -m pip install -q -e ".[$(EXTRAS),bench]"
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/validate_bench.py
 
 clean:
 	rm -rf $(VENV) out benchmarks/work

@@ -286,3 +286,58 @@ def _big_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     for tensor in proto.graph.initializer:
         if len(tensor.dims) == 2 and not tensor.raw_data:
             yield tensor
+
+
+def _from_text(text: str, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {OPSET}]>\nfragile {text}')
+    model.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n) for n, a in weights.items())
+    return model
+
+
+def fragile_layer_norm() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A decomposed LayerNorm whose sum of squares overflows float16 on its sample (|x| ~ 200)."""
+    rng = np.random.default_rng(1)
+    model = _from_text("""(float[8,64] x) => (float[8,64] y) {
+      [mm] h = MatMul(x, w)
+      [mean] mu = ReduceMean<axes=[-1]>(h)
+      [center] d = Sub(h, mu)
+      [square] sq = Mul(d, d)
+      [var] v = ReduceMean<axes=[-1]>(sq)
+      [eps] ve = Add(v, eps)
+      [sqrt] s = Sqrt(ve)
+      [norm] n = Div(d, s)
+      [proj] y = MatMul(n, w2)
+    }""", {"w": rng.standard_normal((64, 64)).astype(np.float32) * 0.2, "eps": np.array(1e-5, np.float32),
+           "w2": rng.standard_normal((64, 64)).astype(np.float32) * 0.1})
+    return model, {"x": (np.random.default_rng(2).standard_normal((8, 64)) * 200).astype(np.float32)}
+
+
+def fragile_log_softmax() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Softmax probabilities under 6e-8 (they flush to zero in float16) fed to a Log."""
+    rng = np.random.default_rng(3)
+    model = _from_text("""(float[4,32] x) => (float[4,32] y) {
+      [mm1] h = MatMul(x, w1)
+      [relu] a = Relu(h)
+      [mm2] logits = MatMul(a, w2)
+      [scale] z = Mul(logits, k)
+      [softmax] p = Softmax<axis=-1>(z)
+      [log] y = Log(p)
+    }""", {"w1": rng.standard_normal((32, 32)).astype(np.float32),
+           "w2": rng.standard_normal((32, 32)).astype(np.float32), "k": np.array(0.5, np.float32)})
+    return model, {"x": (np.random.default_rng(4).standard_normal((4, 32)) * 3).astype(np.float32)}
+
+
+def cancellation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """(x + 1000) - 1000: values fit float16, but its spacing at 1000 (0.5) erases x."""
+    model = _from_text("""(float[8,64] x) => (float[8,64] y) {
+      [shift] a = Add(x, big)
+      [unshift] b = Sub(a, big)
+      [proj] y = MatMul(b, w)
+    }""", {"big": np.array(1000, np.float32),
+           "w": np.random.default_rng(6).standard_normal((64, 64)).astype(np.float32) * 0.1})
+    return model, {"x": np.random.default_rng(7).standard_normal((8, 64)).astype(np.float32)}
+
+
+FRAGILE = {"fragile_layer_norm": fragile_layer_norm, "fragile_log_softmax": fragile_log_softmax,
+           "cancellation": cancellation}
+"""Models that break in float16 when every node runs low, each with a sample that shows it."""

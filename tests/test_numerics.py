@@ -35,36 +35,11 @@ EMULATION_EXCEPTIONS = {
 
 
 def _layer_norm_model() -> onnx.ModelProto:
-    r = rng(1)
-    return model("""(float[8,64] x) => (float[8,64] y) {
-      [mm] h = MatMul(x, w)
-      [mean] mu = ReduceMean<axes=[-1]>(h)
-      [center] d = Sub(h, mu)
-      [square] sq = Mul(d, d)
-      [var] v = ReduceMean<axes=[-1]>(sq)
-      [eps] ve = Add(v, eps)
-      [sqrt] s = Sqrt(ve)
-      [norm] n = Div(d, s)
-      [proj] y = MatMul(n, w2)
-    }""", {"w": r.standard_normal((64, 64)).astype(np.float32) * 0.2, "eps": np.array(1e-5, np.float32),
-           "w2": r.standard_normal((64, 64)).astype(np.float32) * 0.1})
+    return builders.fragile_layer_norm()[0]
 
 
 def _layer_norm_data() -> dict:
-    return {"x": (rng(2).standard_normal((8, 64)) * 200).astype(np.float32)}
-
-
-def _log_softmax_model() -> onnx.ModelProto:
-    r = rng(3)
-    return model("""(float[4,32] x) => (float[4,32] y) {
-      [mm1] h = MatMul(x, w1)
-      [relu] a = Relu(h)
-      [mm2] logits = MatMul(a, w2)
-      [scale] z = Mul(logits, k)
-      [softmax] p = Softmax<axis=-1>(z)
-      [log] y = Log(p)
-    }""", {"w1": r.standard_normal((32, 32)).astype(np.float32), "w2": r.standard_normal((32, 32)).astype(np.float32),
-           "k": np.array(0.5, np.float32)})
+    return builders.fragile_layer_norm()[1]
 
 
 def _all_low(m: onnx.ModelProto, **options) -> onnx.ModelProto:
@@ -144,8 +119,7 @@ def test_check_fails_an_overflowing_layer_norm_and_localizes_the_square() -> Non
 
 
 def test_localize_blames_the_softmax_whose_probabilities_flushed_to_zero() -> None:
-    m = _log_softmax_model()
-    data = {"x": (rng(4).standard_normal((4, 32)) * 3).astype(np.float32)}
+    m, data = builders.fragile_log_softmax()
     result = check(m, _all_low(m), inputs=[data], localize_failures=True)
     assert not result and result.failed_outputs == ["y"]
     assert result.suspects[0].node == "softmax", result.table()
@@ -207,8 +181,7 @@ def test_calibration_keeps_overflowing_values_fp32_and_most_nodes_low() -> None:
 
 
 def test_calibration_keeps_values_that_flush_to_zero_fp32() -> None:
-    m = _log_softmax_model()
-    data = {"x": (rng(4).standard_normal((4, 32)) * 3).astype(np.float32)}
+    m, data = builders.fragile_log_softmax()
     mixed, report = amp_rewrite.convert(m, policy="all-low", calibrate=[data])
     reasons = {d.node: d.reason for d in report.fp32_reasons}
     assert "flush to zero" in reasons["softmax"]
@@ -233,10 +206,7 @@ def test_calibration_measures_values_inside_loop_bodies() -> None:
 
 
 def test_validate_moves_the_blamed_nodes_to_fp32_in_a_few_runs() -> None:
-    m = model("(float[8,64] x) => (float[8,64] y) { [shift] a = Add(x, big) [unshift] b = Sub(a, big) "
-              "[proj] y = MatMul(b, w) }",
-              {"big": np.array(1000, np.float32), "w": rng(6).standard_normal((64, 64)).astype(np.float32) * 0.1})
-    data = {"x": rng(7).standard_normal((8, 64)).astype(np.float32)}
+    m, data = builders.cancellation()
     mixed, report = amp_rewrite.convert(m, policy="all-low", validate=[data])
     validation = report.validation
     assert validation.passed and validation.rounds == 3 and validation.runs == 4
