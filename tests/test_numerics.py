@@ -265,3 +265,17 @@ def test_wrong_input_data_is_a_user_error(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert check(m, m, inputs=[{"x": np.zeros((8, 64), np.float32)}]), "a model equals itself"
+
+
+def test_calibrate_and_validate_models_with_external_data(tmp_path) -> None:
+    m, data = builders.fragile_layer_norm()
+    source = tmp_path / "ln.onnx"
+    builders.save_with_external_data(m, source)
+    np.savez(tmp_path / "d.npz", **data)
+    for flag in ("calibrate", "validate"):
+        target = tmp_path / f"ln.{flag}.onnx"
+        _, report = amp_rewrite.convert(str(source), str(target), policy="all-low", range_check="off",
+                                        **{flag: [str(tmp_path / "d.npz")]})
+        assert "calibration data" in report.range_check
+        assert (tmp_path / f"ln.{flag}.onnx.data").exists()
+        assert check(str(source), str(target), inputs=[str(tmp_path / "d.npz")])
