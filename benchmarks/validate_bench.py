@@ -94,9 +94,17 @@ def run_tool(tool: str, model: onnx.ModelProto, sample: dict) -> dict:
 
 
 def main() -> None:
-    lines = [SECTION, "", "`python benchmarks/validate_bench.py` (part of `make bench`). Same model, sample and "
+    import datetime
+    import os
+    import platform
+
+    when = f"Measured {datetime.date.today()} on {platform.node()}, {os.cpu_count()} cores, {platform.platform()}."
+    lines = [SECTION, "", when, "",
+             "`python benchmarks/validate_bench.py` (part of `make bench`). Same model, sample and "
              f"tolerance (elementwise rtol={RTOL:g}, atol={ATOL:g}) for both tools; amp-rewrite starts from the "
-             "all-low policy, as the peer does. Final error: `amp_rewrite.check` emulating float16 on the CPU.", "",
+             "all-low policy, as the peer does. Final error: `amp_rewrite.check` emulating float16 on the CPU. The "
+             "peer validates on the CPU provider, which computes float16 nodes in float32, so it accepts broken "
+             "candidates and its bisection never starts here.", "",
              "| model | tool | model runs | sessions | seconds | nodes low | final rel L2 | new NaN/Inf | "
              "passes emulated check |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, build in MODELS.items():
