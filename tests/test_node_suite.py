@@ -36,8 +36,10 @@ LOW_IO_EXCEPTIONS = {
                                                       "rounding moves them across it",
     r"test_ai_onnx_ml_tree_ensemble_set_membership": "set membership tests exact float32 values that float16 "
                                                      "input rounding changes",
-    r"test_bernoulli_\w+": "random draws compared with probabilities rounded to float16",
 }
+RANDOM_OUTPUTS = re.compile(r"test_bernoulli_\w+")
+"""Random draws, compared with probabilities rounded to float16 in low-io mode: they may or may
+not match, so only the conversion and the checker are asserted for them there."""
 
 MODES = {
     "default": dict(keep_io_types=True, provider=None),
@@ -61,6 +63,8 @@ def test_node_cases_convert_check_and_match(mode: str) -> None:
         result = run_case(case, **MODES[mode])
         converted_low += result.low_nodes > 0
         expected = _expected_failure(mode, case.name)
+        if mode == "low-io" and RANDOM_OUTPUTS.fullmatch(case.name):
+            continue
         if not result.ok and expected is None:
             failures.append(f"{case.name}: {result.detail}")
         elif result.ok and expected is not None and result.detail != "unchanged":

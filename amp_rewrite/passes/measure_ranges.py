@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+
+import onnx
+from onnx import TensorProto, helper
 
 from .. import instrument, samples
 from ..analysis import Analysis
@@ -132,15 +136,10 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
                             for sample in data)
 
 
-def _nbytes(tensor) -> int:
-    from onnx import TensorProto, helper
-
+def _nbytes(tensor: onnx.TensorProto) -> int:
     if tensor.data_type == TensorProto.STRING:
         return 0
-    count = 1
-    for d in tensor.dims:
-        count *= d
-    return count * max(1, helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
+    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def _first_line(exc: Exception) -> str:
