@@ -22,7 +22,7 @@ import onnx
 
 from . import instrument, io, samples
 from .compare import Errors, Tolerance, errors
-from .emulate import LOW_TYPES, emulated
+from .emulate import LOW_TYPES, emulated, typed_index
 from .errors import UserError
 from .localize import Suspect, localize
 from .samples import Sample
@@ -210,9 +210,7 @@ def _model(model) -> tuple[onnx.ModelProto, str | None]:
 
 
 def _mode(mixed: onnx.ModelProto, provider: str, emulate: bool) -> str:
-    from .graph import ModelIndex
-
-    types = {v.elem_type for v in ModelIndex(mixed).all_values()} | {
+    types = {v.elem_type for v in typed_index(mixed).all_values()} | {
         t.data_type for t in io.initializers(mixed)}
     low = "bfloat16" if onnx.TensorProto.BFLOAT16 in types else "float16"
     if not types & LOW_TYPES:

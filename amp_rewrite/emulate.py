@@ -28,8 +28,7 @@ def emulated(mixed: onnx.ModelProto) -> onnx.ModelProto:
     """
     model = onnx.ModelProto()
     model.CopyFrom(mixed)
-    index = ModelIndex(model)
-    infer_types(index)
+    index = typed_index(model)
     inserts = PendingInserts()
     for value in list(index.all_values()):
         if value.elem_type in LOW_TYPES:
@@ -98,10 +97,12 @@ def _retype(info: onnx.ValueInfoProto) -> None:
         info.type.tensor_type.elem_type = TensorProto.FLOAT
 
 
-def infer_types(index: ModelIndex) -> None:
-    """Give every value of ``index`` the element type its declarations and schemas imply."""
+def typed_index(model: onnx.ModelProto) -> ModelIndex:
+    """The model's def-use index, every value with the element type its declarations and schemas imply."""
     from .analysis import Analysis
     from .options import ConvertOptions
     from .passes.infer_types import InferTypes
 
+    index = ModelIndex(model)
     InferTypes().run(Analysis(index, ConvertOptions(provider=None, range_check="off")))
+    return index

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
-from .emulate import infer_types
+from .emulate import typed_index
 from .errors import UserError
 from .graph import ModelIndex, ValueKey
 
@@ -75,8 +75,7 @@ class Exposed:
 
 def float_values(model: onnx.ModelProto, top_level: bool = False) -> list[ValueKey]:
     """Keys of the float32 values that nodes compute (every graph, or the top level only)."""
-    index = ModelIndex(model)
-    infer_types(index)
+    index = typed_index(model)
     return [v.key for v in index.all_values()
             if v.producer is not None and v.elem_type == TensorProto.FLOAT and (v.key[0] == 0 or not top_level)]
 
@@ -85,8 +84,7 @@ def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float) -
     """A copy of ``model`` whose outputs also give each value of ``keys`` (float values)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    index = ModelIndex(copy)
-    infer_types(index)
+    index = typed_index(copy)
     present = {o.name for o in copy.graph.output}
     top: list[str] = []
     stats: dict[str, ValueKey] = {}

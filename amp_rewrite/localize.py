@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .emulate import LOW_TYPES
+from .emulate import LOW_TYPES, typed_index
 from .graph import ModelIndex, Node, Value
 from .options import node_key
 
@@ -53,7 +53,7 @@ def localize(mixed: onnx.ModelProto, reference: Mapping[str, np.ndarray],
              observed: Mapping[str, np.ndarray], limit: int = 10) -> list[Suspect]:
     """Rank the low-precision nodes of ``mixed`` that made ``observed`` drift from ``reference``
     (both: top-level values by name)."""
-    index = _typed_index(mixed)
+    index = typed_index(mixed)
     damage = _Damager(index, reference, observed)
     suspects: dict[int, Suspect] = {}
     for node in index.nodes:
@@ -160,11 +160,3 @@ def _low_producers(index: ModelIndex, node: Node) -> list[Node]:
                 found.append(producer)
             break
     return found
-
-
-def _typed_index(model: onnx.ModelProto) -> ModelIndex:
-    from .emulate import infer_types
-
-    index = ModelIndex(model)
-    infer_types(index)
-    return index

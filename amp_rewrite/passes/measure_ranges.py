@@ -17,6 +17,7 @@ from ..precision import Precision
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
+_SOURCES = {True: "calibration data", False: "generated inputs"}
 
 
 class MeasureRanges:
@@ -50,14 +51,14 @@ class MeasureRanges:
                 analysis.notes.append(f"warning: range check {analysis.range_check}")
                 return
         over = self._judge(analysis, watched, measured, calibrated)
-        source = "calibration data" if calibrated else "generated inputs"
-        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on {source}; "
+        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on "
+                                f"{_SOURCES[calibrated]}; "
                                 f"{over} do not fit {analysis.precision.value}")
 
     def _judge(self, analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool) -> int:
         options = analysis.options
         limit = analysis.precision.max / options.headroom
-        source = "calibration data" if calibrated else "generated inputs"
+        source = _SOURCES[calibrated]
         over = 0
         for value in watched:
             stats = measured.get(value.key)
