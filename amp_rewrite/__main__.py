@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from amp_rewrite.cli import main
 
 sys.exit(main())

@@ -149,8 +149,8 @@ def emulation_ulps(case) -> float | str:
     """Largest gap between ONNX Runtime running ``emulated(converted)`` and the reference
     evaluator running the float16 model itself, in float16 ulps of the output's largest
     magnitude; or why the case cannot be compared (a string)."""
-    from amp_rewrite import instrument
-    from amp_rewrite.emulate import emulated
+    from amp_rewrite.runtime import instrument
+    from amp_rewrite.runtime.emulate import emulated
 
     model, report = convert(case.model, provider=None, keep_io_types=False)
     if not report.low_nodes:

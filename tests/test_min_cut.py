@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite import ConvertOptions
-from amp_rewrite.analysis import Analysis
-from amp_rewrite.coloring import Color
-from amp_rewrite.graph import ModelIndex
-from amp_rewrite.passes import ANALYSIS, ChooseMinCasts
-from amp_rewrite.passes.choose_min_casts import cast_bytes
-from amp_rewrite.sizes import ValueSizes
+from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.ir.sizes import ValueSizes
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.passes import ANALYSIS, ChooseMinCasts
+from amp_rewrite.rewrite.passes.choose_min_casts import cast_bytes
 
 OPS = ["MatMul", "Relu", "Add", "Transpose", "Exp", "Concat", "ReduceMax", "Tanh"]
 

@@ -18,9 +18,10 @@ import onnx
 import pytest
 
 import amp_rewrite
-from amp_rewrite import check, instrument, samples
+from amp_rewrite import check
 from amp_rewrite.cli import main
-from amp_rewrite.emulate import emulated
+from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime.emulate import emulated
 from models import builders
 from tests.helpers import model, rng, run
 from tests.node_suite import emulation_ulps, float_cases

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import onnx.defs
 
-from amp_rewrite import oplists
-from amp_rewrite.kernels import kernel_table
-from amp_rewrite.policy import Policy
+from amp_rewrite.policy import oplists
+from amp_rewrite.policy.classes import Policy
+from amp_rewrite.policy.kernels import kernel_table
 
 # Default-domain ops that touch float tensors but are deliberately absent from the lists.
 UNLISTED = {

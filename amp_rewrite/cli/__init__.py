@@ -1,0 +1,46 @@
+"""The ``amp-rewrite`` command: one module per subcommand, each turning flags into an API call."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from amp_rewrite import __version__
+from amp_rewrite.cli import check, convert, inspect
+from amp_rewrite.cli.common import EXIT_INTERNAL, EXIT_USER_ERROR, Parser
+from amp_rewrite.errors import UserError
+
+SUBCOMMANDS = {"convert": convert, "inspect": inspect, "check": check}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="amp-rewrite", description="Rewrite ONNX models to mixed precision.")
+    parser.add_argument("--version", action="version", version=f"amp-rewrite {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for module in SUBCOMMANDS.values():
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return SUBCOMMANDS[args.command].run(args)
+    except UserError as exc:
+        print(f"amp-rewrite: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("amp-rewrite: interrupted", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as exc:  # a bug: one line unless the user asks for the traceback
+        if os.environ.get("AMP_REWRITE_DEBUG"):
+            raise
+        print(f"amp-rewrite: internal error: {type(exc).__name__}: {exc} "
+              "(set AMP_REWRITE_DEBUG=1 for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

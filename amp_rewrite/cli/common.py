@@ -1,0 +1,75 @@
+"""What the subcommands share: exit codes, the one-line-error parser, argument groups."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.numerics.compare import METRICS, Tolerance, parse_tolerance
+from amp_rewrite.policy.kernels import PROVIDERS
+from amp_rewrite.rewrite.options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_MODES, ConvertOptions
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UserError(message)
+
+
+def coloring_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("coloring")
+    group.add_argument("--precision", choices=[p.value for p in Precision], default="float16")
+    group.add_argument("--provider", choices=[*PROVIDERS, "none"], default="CUDAExecutionProvider",
+                       help="execution provider whose kernels decide what may run in low precision; "
+                            "'none' follows the ONNX schemas alone")
+    group.add_argument("--keep-io-types", action=argparse.BooleanOptionalAction, default=True,
+                       help="graph inputs and outputs stay float32 (default: on)")
+    group.add_argument("--keep-fp32-op", action="append", default=[], metavar="OP")
+    group.add_argument("--keep-fp32-node", action="append", default=[], metavar="NAME_OR_REGEX")
+    group.add_argument("--force-low-op", action="append", default=[], metavar="OP")
+    group.add_argument("--force-low-node", action="append", default=[], metavar="NAME_OR_REGEX")
+    group.add_argument("--unknown-ops", choices=UNKNOWN_OP_MODES, default="keep",
+                       help="ops the lists don't know: keep float32, warn, or error")
+    group.add_argument("--policy", choices=POLICIES, default="default",
+                       help="'all-low' puts every convertible node in low precision, as other converters do")
+    group.add_argument("--range-check", choices=RANGE_CHECK_MODES, default="auto",
+                       help="run the model on generated inputs and keep overflowing values float32")
+
+
+def tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tolerance")
+    group.add_argument("--rtol", type=float, default=Tolerance.rtol, help="relative tolerance (default %(default)g)")
+    group.add_argument("--atol", type=float, default=Tolerance.atol, help="absolute tolerance (default %(default)g)")
+    group.add_argument("--tol", action="append", default=[], metavar="OUTPUT:RTOL:ATOL",
+                       help="tolerance for one output")
+    group.add_argument("--metric", choices=METRICS, default=Tolerance.metric,
+                       help="the statistic the tolerance applies to (default %(default)s)")
+
+
+def tolerances(args: argparse.Namespace) -> tuple[Tolerance, dict[str, Tolerance]]:
+    default = Tolerance(args.rtol, args.atol, args.metric)
+    return default, dict(parse_tolerance(t, default) for t in args.tol)
+
+
+def convert_options(args: argparse.Namespace) -> ConvertOptions:
+    extra = {}
+    if args.command == "convert":
+        default, per_output = tolerances(args)
+        extra = dict(calibrate=args.calibrate, validate=args.validate, tolerance=default, tolerances=per_output,
+                     headroom=args.headroom, flush_share=args.flush_share)
+    return ConvertOptions(
+        precision=args.precision, provider=None if args.provider == "none" else args.provider,
+        keep_io_types=args.keep_io_types, keep_fp32_ops=args.keep_fp32_op, keep_fp32_nodes=args.keep_fp32_node,
+        force_low_ops=args.force_low_op, force_low_nodes=args.force_low_node, unknown_ops=args.unknown_ops,
+        policy=args.policy, range_check=args.range_check, **extra,
+    )
+
+
+def check_writable(path: Path) -> None:
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise UserError(f"cannot write the report: folder {folder} does not exist or is not writable")

@@ -1,0 +1,202 @@
+"""A def-use index over an ONNX ModelProto, its subgraphs included.
+
+The protobuf stays the model: the index is built once in O(nodes + edges) and
+answers "who produces this value, who reads it, which graph defines it" in
+O(1), so no pass ever scans the graph by name. Values are keyed by the graph
+that defines them and their name, which keeps shadowed names in subgraphs apart.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import AttributeProto
+
+ValueKey = tuple[int, str]
+"""(id of the defining graph, value name)."""
+
+NODE, GRAPH_INPUT, INITIALIZER, UNDEFINED = "node", "input", "initializer", "undefined"
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    id: int
+    proto: onnx.NodeProto
+    graph: int
+    position: int
+    inputs: list[ValueKey | None]
+    outputs: list[ValueKey | None]
+
+    @property
+    def op_type(self) -> str:
+        return self.proto.op_type
+
+    @property
+    def domain(self) -> str:
+        return "" if self.proto.domain == "ai.onnx" else self.proto.domain
+
+    @property
+    def label(self) -> str:
+        """The node's name, or a stable description when it has none."""
+        return self.proto.name or f"{self.proto.op_type}#{self.id}"
+
+
+@dataclass(slots=True, eq=False)
+class Value:
+    key: ValueKey
+    source: str
+    producer: tuple[int, int] | None = None
+    uses: list[tuple[int, int]] = field(default_factory=list)
+    output_of: list[int] = field(default_factory=list)
+    elem_type: int | None = None
+    shape: tuple | None = None
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+
+@dataclass(slots=True, eq=False)
+class Graph:
+    id: int
+    proto: onnx.GraphProto
+    parent: int | None
+    scope: dict[str, ValueKey] = field(default_factory=dict)
+    outputs: list[ValueKey] = field(default_factory=list)
+
+
+class ModelIndex:
+    """Def-use index of a model; rebuild it after the model is edited."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        self.graphs: list[Graph] = []
+        self.nodes: list[Node] = []
+        self.values: dict[ValueKey, Value] = {}
+        self.initializers: dict[ValueKey, onnx.TensorProto] = {}
+        self.subgraphs: dict[int, list[int]] = {}
+        self._index_graph(model.graph, None, None)
+
+    def opset(self, node: Node) -> int:
+        return self.opsets.get(node.domain, 1)
+
+    def producer_node(self, value: Value) -> Node | None:
+        return self.nodes[value.producer[0]] if value.producer else None
+
+    def all_values(self) -> Iterator[Value]:
+        return iter(self.values.values())
+
+    def _define(self, graph: Graph, name: str, source: str, type_proto=None) -> Value:
+        key = (graph.id, name)
+        value = Value(key, source)
+        if type_proto is not None:
+            set_type(value, type_proto)
+        graph.scope[name] = key
+        self.values[key] = value
+        return value
+
+    def _resolve(self, graph: Graph, name: str) -> ValueKey:
+        g: Graph | None = graph
+        while g is not None:
+            key = g.scope.get(name)
+            if key is not None:
+                return key
+            g = self.graphs[g.parent] if g.parent is not None else None
+        value = self._define(self.graphs[0], name, UNDEFINED)
+        return value.key
+
+    def _index_graph(self, proto: onnx.GraphProto, parent: int | None, owner: int | None) -> None:
+        graph = Graph(len(self.graphs), proto, parent)
+        self.graphs.append(graph)
+        if owner is not None:
+            self.subgraphs.setdefault(owner, []).append(graph.id)
+        infos = {vi.name: vi.type for vi in proto.value_info}
+        infos.update((vi.name, vi.type) for vi in proto.output)
+        weights = {t.name for t in proto.initializer}
+        for vi in proto.input:
+            if vi.name not in weights:  # an initializer listed as an input (IR < 4 style) is a weight
+                self._define(graph, vi.name, GRAPH_INPUT, vi.type)
+        for tensor in proto.initializer:
+            value = self._define(graph, tensor.name, INITIALIZER)
+            value.elem_type, value.shape = tensor.data_type, tuple(tensor.dims)
+            self.initializers[value.key] = tensor
+        first = len(self.nodes)
+        for position, node_proto in enumerate(proto.node):
+            node = Node(len(self.nodes), node_proto, graph.id, position, [], [])
+            self.nodes.append(node)
+            for i, name in enumerate(node_proto.output):
+                if not name:
+                    node.outputs.append(None)
+                    continue
+                value = self._define(graph, name, NODE, infos.get(name))
+                value.producer = (node.id, i)
+                node.outputs.append(value.key)
+        for node in self.nodes[first:len(self.nodes)]:
+            self._index_uses(graph, node)
+        for vi in proto.output:
+            key = self._resolve(graph, vi.name)
+            self.values[key].output_of.append(graph.id)
+            graph.outputs.append(key)
+
+    def _index_uses(self, graph: Graph, node: Node) -> None:
+        for i, name in enumerate(node.proto.input):
+            if not name:
+                node.inputs.append(None)
+                continue
+            key = self._resolve(graph, name)
+            self.values[key].uses.append((node.id, i))
+            node.inputs.append(key)
+        for attr in node.proto.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                self._index_graph(attr.g, graph.id, node.id)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    self._index_graph(sub, graph.id, node.id)
+
+
+def set_type(value: Value, type_proto: onnx.TypeProto) -> None:
+    if not type_proto.HasField("tensor_type"):
+        return
+    tensor_type = type_proto.tensor_type
+    if tensor_type.elem_type:
+        value.elem_type = tensor_type.elem_type
+    if tensor_type.HasField("shape"):
+        value.shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
+        )
+
+
+def node_key(node: Node) -> str:
+    """What node patterns match: the node's name, or its first output's name when it has none."""
+    return node.proto.name or (node.proto.output[0] if node.proto.output else "")
+
+
+@dataclass
+class PendingInserts:
+    """Nodes waiting to be inserted: graph id -> position -> nodes to place before it."""
+
+    inserts: dict[int, dict[int, list[onnx.NodeProto]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+
+    def after(self, index: ModelIndex, value: Value, nodes: list[onnx.NodeProto]) -> None:
+        """Insert ``nodes`` right after ``value``'s producer (at the graph's start for inputs and weights)."""
+        producer = index.producer_node(value)
+        position = producer.position + 1 if producer else 0
+        self.inserts[value.key[0]][position].extend(nodes)
+
+    def apply(self, index: ModelIndex) -> None:
+        # Rebuilding a node list copies its nodes, so subgraphs (higher ids) go before their parents.
+        for graph_id, at in sorted(self.inserts.items(), reverse=True):
+            proto = index.graphs[graph_id].proto
+            nodes = list(proto.node)
+            ordered = []
+            for position in range(len(nodes) + 1):
+                ordered.extend(at.get(position, ()))
+                if position < len(nodes):
+                    ordered.append(nodes[position])
+            del proto.node[:]
+            proto.node.extend(ordered)

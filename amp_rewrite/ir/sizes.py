@@ -1,0 +1,91 @@
+"""Element counts of values, for the cost of a cast; shapes are inferred only when asked for."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import onnx
+from onnx import AttributeProto
+
+from amp_rewrite.ir.graph import ModelIndex, Value, ValueKey, set_type
+
+SYMBOLIC_DIM = 64
+"""Assumed extent of a dimension with no known value (a batch or sequence length)."""
+SMALL_TENSOR = 64
+"""Initializers up to this many elements keep their values for shape inference."""
+UNKNOWN_ELEMENTS = 4096
+"""Assumed element count of a tensor whose shape shape-inference cannot find."""
+
+
+class ValueSizes:
+    """Element counts; runs ONNX shape inference once, the first time a shape is missing."""
+
+    def __init__(self, index: ModelIndex) -> None:
+        self.index = index
+        self._inferred: dict[ValueKey, onnx.ValueInfoProto] | None = None
+
+    def elements(self, value: Value) -> int:
+        if value.shape is None:
+            self._read_inferred(value)
+        if value.shape is None:
+            return UNKNOWN_ELEMENTS
+        return math.prod(d if isinstance(d, int) and d > 0 else (1 if d == 0 else SYMBOLIC_DIM)
+                         for d in value.shape)
+
+    def _read_inferred(self, value: Value) -> None:
+        if self._inferred is None:
+            self._inferred = self._infer()
+        info = self._inferred.get(value.key)
+        if info is not None:
+            elem_type = value.elem_type
+            set_type(value, info.type)
+            value.elem_type = elem_type or value.elem_type
+
+    def _infer(self) -> dict[ValueKey, onnx.ValueInfoProto]:
+        """Inferred value infos by value key (read lazily: most values never need one)."""
+        light = _without_weights(self.index.model)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
+            return {}
+        found = {}
+        for graph, proto in zip(self.index.graphs, iter_graphs(inferred.graph)):
+            for info in (*proto.value_info, *proto.output):
+                key = graph.scope.get(info.name)
+                if key is not None:
+                    found[key] = info
+        return found
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large top-level initializers declared as inputs: inference needs
+    their shapes, not their bytes, and serializing the bytes costs more than inferring."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    declared = {i.name for i in model.graph.input}
+    for tensor in model.graph.initializer:
+        if math.prod(tensor.dims) <= SMALL_TENSOR:  # shape operands: data propagation needs their values
+            graph.initializer.append(tensor)
+        elif tensor.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    return light
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """A graph and its subgraphs, in the order ``ModelIndex`` numbers them."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from iter_graphs(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_graphs(sub)

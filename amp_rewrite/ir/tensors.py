@@ -1,0 +1,121 @@
+"""Reading tensor data (embedded or external) and judging whether it fits a precision."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, numpy_helper
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.precision import Precision
+
+SOURCE_TYPE_KEY = "amp_rewrite.source_type"
+"""Marks an external tensor whose bytes are still float32, to be converted when saved."""
+
+
+def external_location(tensor: onnx.TensorProto) -> dict[str, str] | None:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> np.ndarray:
+    """The tensor's values; external data is read with one positioned read, not mapped."""
+    info = external_location(tensor)
+    if info is None:
+        if tensor.raw_data and tensor.data_type == onnx.TensorProto.FLOAT:  # the common case, without copies
+            return np.frombuffer(tensor.raw_data, dtype=np.float32).reshape(tuple(tensor.dims))
+        return numpy_helper.to_array(tensor)
+    path = os.path.join(base_dir or ".", info["location"])
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            array = np.fromfile(f, dtype=dtype, count=count)
+    except OSError as exc:
+        raise UserError(f"cannot read external data of tensor {tensor.name!r}: {exc.strerror}: {path}") from None
+    if array.size != count:
+        raise UserError(f"external data of tensor {tensor.name!r} is truncated: {path}")
+    return array.reshape(tuple(tensor.dims))
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Whether float32 values survive conversion to a low precision, and why not."""
+
+    max_abs: float
+    lost_share: float
+    problem: str | None
+
+
+def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
+    return next(judge_fits([array], precision, underflow_share))
+
+
+BATCH_ELEMENTS = 1 << 22
+"""Small tensors are judged together, in batches of about this many elements."""
+
+
+def judge_fits(arrays: Iterable[np.ndarray], precision: Precision, underflow_share: float) -> Iterator[Fit]:
+    """Overflow: any finite |x| above the type's max. Underflow: the values that round
+    to zero carry more than ``underflow_share`` of the tensor's L2 norm (a lone
+    epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing).
+    Arrays are consumed lazily and judged in batches with segmented reductions: one
+    numpy pass for thousands of small tensors, bounded memory for large ones."""
+    batch: list[np.ndarray] = []
+    count = 0
+    for array in arrays:
+        batch.append(array)
+        count += array.size
+        if count >= BATCH_ELEMENTS:
+            yield from _judge_batch(batch, precision, underflow_share)
+            batch, count = [], 0
+    if batch:
+        yield from _judge_batch(batch, precision, underflow_share)
+
+
+def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share: float) -> list[Fit]:
+    sizes = np.array([a.size for a in arrays])
+    present = [a.ravel() for a in arrays if a.size]
+    if not present:
+        return [Fit(0.0, 0.0, None) for _ in arrays]
+    flat = np.abs(present[0] if len(present) == 1 else np.concatenate(present))
+    finite = np.isfinite(flat)
+    if not finite.all():
+        flat[~finite] = 0  # inf/nan stay inf/nan in any float type; judge the rest
+    starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]])
+    maxima = np.maximum.reduceat(flat, starts).astype(np.float64)
+    tiny = (flat < precision.smallest_subnormal / 2) & (flat > 0)
+    lost = np.zeros(len(starts))
+    if tiny.any():  # squares in float64 only when something can flush to zero
+        squares = np.square(flat, dtype=np.float64)
+        lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
+                       / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
+    judged = iter(zip(maxima.tolist(), lost.tolist()))
+    fits = []
+    for size in sizes:
+        max_abs, share = next(judged) if size else (0.0, 0.0)
+        problem = None
+        if max_abs > precision.max:
+            problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"
+        elif share > underflow_share:
+            problem = f"{share:.0%} of its magnitude in values that flush to zero in {precision.value}"
+        fits.append(Fit(max_abs, share, problem))
+    return fits
+
+
+def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor of a Constant node given as ``value`` (other forms are not float tensors)."""
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == AttributeProto.TENSOR:
+            return attr.t
+        if attr.name in ("value_float", "value_floats"):
+            values = [attr.f] if attr.name == "value_float" else list(attr.floats)
+            shape = () if attr.name == "value_float" else (len(values),)
+            return numpy_helper.from_array(np.array(values, np.float32).reshape(shape))
+    return None

@@ -1,0 +1,216 @@
+"""``check``: does the mixed-precision model still compute what the float32 model computes?
+
+Both models run on the same samples; each output is compared with its tolerance
+(see ``compare``). Where the chosen provider has no low-precision kernels (the
+CPU provider computes float16 nodes in float32), the mixed model is run through
+``emulate`` so that its storage rounding, overflow and underflow show. On
+failure, ``localize`` ranks the nodes that made the error grow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
+from amp_rewrite.ir.types import typed_index
+from amp_rewrite.numerics.compare import Errors, Tolerance, errors
+from amp_rewrite.numerics.localize import Suspect, localize
+from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime.emulate import LOW_TYPES, emulated
+from amp_rewrite.runtime.samples import Sample
+
+DEFAULT_PROVIDER = "CPUExecutionProvider"
+LOW_PRECISION_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider",
+                                     "ROCMExecutionProvider", "DmlExecutionProvider"})
+"""Providers that run float16 nodes in float16; elsewhere the check emulates by default."""
+
+
+@dataclass
+class OutputCheck:
+    name: str
+    passed: bool
+    tolerance: Tolerance
+    sample: int
+    """The sample shown: the first that fails, else the one with the largest relative L2 error."""
+    errors: Errors
+
+
+@dataclass
+class CheckResult:
+    """Truthy when every output is within tolerance on every sample."""
+
+    passed: bool
+    mode: str
+    emulated: bool
+    samples: int
+    outputs: list[OutputCheck]
+    suspects: list[Suspect] = field(default_factory=list)
+    fix: str | None = None
+    """Flags that keep the suspects in float32, for ``amp-rewrite convert``."""
+    runs: int = 0
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    @property
+    def failed_outputs(self) -> list[str]:
+        return [o.name for o in self.outputs if not o.passed]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=float)
+
+    def table(self) -> str:
+        head = ("output", "metric", "max abs", "mean abs", "max rel", "rel L2", "cosine", "new nan/inf", "top-1",
+                "result")
+        rows = [(o.name, o.tolerance.metric, *(_num(getattr(o.errors, k)) for k in
+                                               ("max_abs", "mean_abs", "max_rel", "rel_l2", "cosine")),
+                 str(o.errors.new_nonfinite), _num(o.errors.top1),
+                 "ok" if o.passed else f"FAIL (sample {o.sample})") for o in self.outputs]
+        widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+        lines = [f"amp-rewrite check: {'passed' if self.passed else 'FAILED'} ({self.mode}; {self.samples} "
+                 f"sample{'s' if self.samples != 1 else ''}, {self.runs} model runs, {self.seconds:.1f} s)"]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)]
+        if self.suspects:
+            lines.append("localization: nodes where the error first grows, most likely culprit first")
+            lines += [f"  {i}. {s.op_type} {s.node!r}: {s.evidence}\n     ({s.op_class}; {s.reason or 'no decision'})"
+                      for i, s in enumerate(self.suspects, 1)]
+        if self.fix:
+            lines.append(f"to keep them in float32: {self.fix}")
+        return "\n".join(lines)
+
+    def to_junit(self) -> str:
+        suite = ET.Element("testsuite", name="amp-rewrite check", tests=str(len(self.outputs)),
+                           failures=str(len(self.failed_outputs)), time=f"{self.seconds:.3f}")
+        ET.SubElement(ET.SubElement(suite, "properties"), "property", name="mode", value=self.mode)
+        for output in self.outputs:
+            case = ET.SubElement(suite, "testcase", classname="amp_rewrite.check", name=output.name)
+            if not output.passed:
+                failure = ET.SubElement(case, "failure", message=_failure_message(output))
+                failure.text = json.dumps(asdict(output.errors), default=float)
+        return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+class ModelRunner:
+    """One model (float32 reference, or mixed: emulated or native) run on samples, runs counted."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: str | None, provider: str, emulate: bool = False,
+                 watch: Sequence | None = None, threshold: float = 0.0) -> None:
+        self.model = model
+        runnable = emulated(model) if emulate else model
+        self.exposed = instrument.expose(runnable, watch or [], threshold)
+        self.outputs = [o.name for o in model.graph.output]
+        self.session = instrument.session(self.exposed.model, base_dir, provider)
+        self.threshold = threshold
+        self.runs = 0
+
+    def run(self, sample: Sample) -> dict[str, np.ndarray]:
+        self.runs += 1
+        return instrument.run(self.session, samples.checked(sample, self.model))
+
+    def stats(self, results: Mapping[str, np.ndarray]) -> dict:
+        return instrument.measure(self.exposed, results, self.threshold)
+
+
+def check(original, mixed, inputs: Sequence = (), random: int | None = None,
+          shapes: Mapping[str, Sequence[int]] | None = None, tolerance: Tolerance | None = None,
+          tolerances: Mapping[str, Tolerance] | None = None, provider: str = DEFAULT_PROVIDER,
+          emulate: bool | None = None, localize_failures: bool = False, seed: int = 0) -> CheckResult:
+    """Compare ``mixed`` with ``original`` (paths or ModelProtos) on ``inputs`` (.npz paths or
+    dicts of arrays) and/or ``random`` generated samples (one when no inputs are given).
+    ``emulate`` None emulates unless ``provider`` runs float16 natively."""
+    started = time.perf_counter()
+    original, original_dir = load_model(original)
+    mixed, mixed_dir = load_model(mixed)
+    data = samples.resolve(inputs, original)
+    if random or not data:
+        data += samples.generate(original, random or 1, shapes, seed)
+    emulate = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
+    watch = instrument.float_values(original, top_level=True) if localize_failures else ()
+    reference = ModelRunner(original, original_dir, provider, watch=watch)
+    candidate = ModelRunner(mixed, mixed_dir, provider, emulate, watch=[(0, name) for _, name in watch])
+    expected = [reference.run(s) for s in data]
+    observed = [candidate.run(s) for s in data]
+    outputs = compare_outputs(expected, observed, candidate.outputs, tolerance or Tolerance(), tolerances or {})
+    result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
+                         outputs)
+    if not result.passed and localize_failures:
+        worst = next(o.sample for o in outputs if not o.passed)
+        result.suspects = localize(mixed, expected[worst], observed[worst])
+        result.fix = fix_flags(result.suspects)
+    result.runs = reference.runs + candidate.runs
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def compare_outputs(expected: list[dict], observed: list[dict], names: list[str], default: Tolerance,
+                    tolerances: Mapping[str, Tolerance]) -> list[OutputCheck]:
+    unknown = sorted(set(tolerances) - set(names))
+    if unknown:
+        raise UserError(f"--tol names {', '.join(unknown)}, not among the outputs ({', '.join(names)})")
+    checks = []
+    for name in names:
+        if name not in expected[0]:
+            raise UserError(f"the mixed model's output {name!r} is not an output of the original model")
+        tol = tolerances.get(name, default)
+        found = [errors(e[name], o[name], tol) for e, o in zip(expected, observed)]
+        failing = [i for i, f in enumerate(found) if not f.passes(tol)]
+        shown = failing[0] if failing else int(np.nanargmax([f.rel_l2 for f in found])) \
+            if not all(np.isnan(f.rel_l2) for f in found) else 0
+        checks.append(OutputCheck(name, not failing, tol, shown, found[shown]))
+    return checks
+
+
+def fix_flags(suspects: list[Suspect]) -> str | None:
+    chosen = culprits(suspects)
+    return " ".join(f"--keep-fp32-node {shlex.quote(s.node)}" for s in chosen) or None
+
+
+def culprits(suspects: list[Suspect]) -> list[Suspect]:
+    """The suspects worth keeping float32 now: those that introduced NaN/Inf, else the top few."""
+    broken = [s for s in suspects if s.nonfinite]
+    if broken:
+        return broken
+    if not suspects:
+        return []
+    top = suspects[0].growth
+    return [s for s in suspects[:3] if s.growth >= top / 4]
+
+
+def load_model(model) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if isinstance(model, (str, os.PathLike)):
+        return io.load(model), os.path.dirname(os.path.abspath(model))
+    raise UserError(f"cannot check a {type(model).__name__}: pass a path or an onnx.ModelProto")
+
+
+def _mode(mixed: onnx.ModelProto, provider: str, emulate: bool) -> str:
+    types = {v.elem_type for v in typed_index(mixed).all_values()} | {
+        t.data_type for t in io.initializers(mixed)}
+    low = "bfloat16" if onnx.TensorProto.BFLOAT16 in types else "float16"
+    if not types & LOW_TYPES:
+        low = "no low-precision values"
+    return f"emulated {low} on {provider}" if emulate else f"native on {provider}"
+
+
+def _num(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.3g}"
+
+
+def _failure_message(output: OutputCheck) -> str:
+    e, tol = output.errors, output.tolerance
+    if e.new_nonfinite:
+        return f"{e.new_nonfinite} NaN/Inf values that the float32 model does not have"
+    return (f"{tol.metric} beyond rtol={tol.rtol:g} atol={tol.atol:g}: max abs {e.max_abs:.3g}, "
+            f"max rel {e.max_rel:.3g}, rel L2 {e.rel_l2:.3g}, cosine {e.cosine:.6f}")

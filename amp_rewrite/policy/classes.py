@@ -1,0 +1,38 @@
+"""A precision policy: the op lists of ``oplists`` refined for one provider and mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amp_rewrite.policy import oplists
+from amp_rewrite.policy.oplists import ALLOW, DENY, INFER
+
+
+@dataclass(frozen=True)
+class OpClass:
+    name: str
+    reason: str
+
+
+class Policy:
+    """Answers "which class is this op, and why" for one provider and policy mode."""
+
+    def __init__(self, provider: str | None, mode: str = "default") -> None:
+        oplists.check_disjoint()
+        self.mode = mode
+        self._classes: dict[str, OpClass] = {
+            op: OpClass(cls, reason) for cls, ops in oplists.OP_CLASSES.items() for op, reason in ops.items()
+        }
+        for op, (cls, reason) in oplists.PROVIDER_CLASSES.get(provider or "", {}).items():
+            self._classes[op] = OpClass(cls, reason)
+
+    def classify(self, op_type: str) -> OpClass | None:
+        """The op's class, or None when the lists don't know it."""
+        found = self._classes.get(op_type)
+        if found is not None and self.mode == "all-low" and found.name in (DENY, INFER):
+            # Compute ops are forced low; data movement (clear) still follows its neighbours.
+            return OpClass(ALLOW, f"all-low policy ({found.name} op: {found.reason})")
+        return found
+
+    def keep_fp32_params(self, op_type: str) -> dict[str, str]:
+        return oplists.KEEP_FP32_TYPE_PARAMS.get(op_type, {})

@@ -1,0 +1,118 @@
+"""Which ops an ONNX Runtime execution provider implements in low precision.
+
+Tables have the layout of ``data/cuda-1.31.1.json`` (see ``data/README.md``):
+one entry per (domain, op, opset range) with the element types of each type
+constraint. The CUDA table ships with the package (it was read from the
+onnxruntime-gpu 1.31.1 wheel without a GPU). For the CPU provider the live
+registry of the installed onnxruntime is read in a child process, because
+onnxruntime-gpu crashes while listing kernels on a machine without CUDA
+libraries; the bundled CPU table of onnxruntime 1.31.1 is the fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+
+BUNDLED = {
+    "CUDAExecutionProvider": "cuda-1.31.1.json",
+    "CPUExecutionProvider": "cpu-1.31.1.json",
+}
+PROVIDERS = tuple(BUNDLED)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    since: int
+    until: int | None
+    types: frozenset[str]
+    constraints: dict[str, frozenset[str]]
+
+
+class KernelTable:
+    """Looks up whether a provider registers a kernel for (domain, op, opset, type)."""
+
+    def __init__(self, provider: str, entries: list[dict], source: str) -> None:
+        self.provider = provider
+        self.source = source
+        self._by_op: dict[tuple[str, str], list[KernelEntry]] = {}
+        for e in entries:
+            if e.get("internal"):
+                continue
+            key = (_domain(e["domain"]), e["op"])
+            self._by_op.setdefault(key, []).append(KernelEntry(
+                e["since"], e["until"], frozenset(e["types"]),
+                {k: frozenset(v) for k, v in (e.get("type_constraints") or {}).items()},
+            ))
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (tables live for the process)
+    def supports(self, domain: str, op: str, opset: int, type_name: str, params: frozenset[str]) -> bool:
+        """True if a kernel covers ``opset`` with ``type_name`` (e.g. "float16") for ``params``."""
+        for entry in self._by_op.get((_domain(domain), op), ()):
+            if entry.since <= opset and (entry.until is None or opset <= entry.until):
+                if "any" in entry.types:
+                    return True
+                named = [entry.constraints[p] for p in params if p in entry.constraints]
+                pool = named or [entry.types]
+                return all(type_name in types for types in pool)
+        return False
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+@functools.cache
+def kernel_table(provider: str) -> KernelTable:
+    """The kernel table for ``provider`` (live registry for CPU, bundled table for CUDA)."""
+    if provider == "CPUExecutionProvider":
+        live = _live_entries(provider)
+        if live is not None:
+            return KernelTable(provider, live, "live registry of the installed onnxruntime")
+    name = BUNDLED[provider]
+    data = json.loads(resources.files("amp_rewrite.policy.data").joinpath(name).read_text())
+    return KernelTable(provider, data["kernels"], f"bundled table {name} (onnxruntime {data['onnxruntime']})")
+
+
+def _live_entries(provider: str) -> list[dict] | None:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "amp_rewrite.policy.kernels", provider],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)
+
+
+def dump_live(provider: str) -> list[dict]:
+    """Read the installed onnxruntime's kernel registry for ``provider`` in the table layout."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    merged: dict[tuple, dict] = {}
+    for d in ort_state.get_all_opkernel_def():
+        if d.provider != provider:
+            continue
+        since, until = d.version_range
+        key = (d.domain, d.op_name, since, None if until >= 2**31 - 1 else until)
+        entry = merged.setdefault(key, {"domain": d.domain, "op": d.op_name, "since": key[2],
+                                        "until": key[3], "type_constraints": {}})
+        for name, types in d.type_constraints.items():
+            bucket = entry["type_constraints"].setdefault(name, set())
+            bucket.update(t.removeprefix("tensor(").removesuffix(")") for t in types)
+    entries = []
+    for entry in merged.values():
+        constraints = {k: sorted(v) for k, v in entry["type_constraints"].items()}
+        types = sorted({t for v in constraints.values() for t in v}) or ["any"]
+        entries.append({**entry, "types": types, "type_constraints": constraints})
+    return sorted(entries, key=lambda e: (e["domain"], e["op"], e["since"]))
+
+
+if __name__ == "__main__":
+    json.dump(dump_live(sys.argv[1]), sys.stdout)

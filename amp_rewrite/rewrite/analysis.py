@@ -1,0 +1,105 @@
+"""The state that the coloring passes share, and the questions they ask of it."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from onnx import TensorProto
+
+from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.policy.classes import Policy
+from amp_rewrite.rewrite.coloring import Color, Coloring
+from amp_rewrite.rewrite.options import ConvertOptions
+
+FLOAT = TensorProto.FLOAT
+OFFLINE = "offline"
+"""Producer kind of initializers and Constant outputs: converted once, ahead of time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slots:
+    """The inputs and outputs of a node bound to a float32 type parameter that may change."""
+
+    inputs: frozenset[int]
+    outputs: frozenset[int]
+    params: frozenset[str]
+
+
+@dataclass
+class Analysis:
+    index: ModelIndex
+    options: ConvertOptions
+    base_dir: str | os.PathLike | None = None
+    slots: dict[int, Slots] = field(default_factory=dict)
+    coloring: Coloring = field(default_factory=Coloring)
+    unknown_ops: Counter = field(default_factory=Counter)
+    kept_constants: dict[str, str] = field(default_factory=dict)
+    unfit_readers: set[int] = field(default_factory=set)
+    """Nodes kept float32 because a constant they read does not fit the target type."""
+    notes: list[str] = field(default_factory=list)
+    range_check: str = "not run"
+    measured_fp32: dict[str, str] = field(default_factory=dict)
+    measured: dict | None = None
+    """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
+    uses them instead of running the model."""
+
+    def __post_init__(self) -> None:
+        self.policy = Policy(self.options.provider, self.options.policy)
+
+    @property
+    def precision(self) -> Precision:
+        return self.options.precision
+
+    @property
+    def io_color(self) -> Color:
+        return Color.FP32 if self.options.keep_io_types else Color.LOW
+
+    def is_float(self, value: Value) -> bool:
+        return value.elem_type == FLOAT
+
+    def producer_color(self, value: Value) -> Color | str:
+        """The precision a float32 value is produced in: a color, or OFFLINE for constants."""
+        if value.source == INITIALIZER:
+            return OFFLINE
+        if value.source == GRAPH_INPUT:
+            return self.io_color if value.key[0] == 0 else Color.FP32
+        node_id, index = value.producer
+        node = self.index.nodes[node_id]
+        if node.op_type == "Constant" and node.domain == "":
+            return OFFLINE
+        slots = self.slots.get(node_id)
+        if slots is not None and index in slots.outputs:
+            return self.coloring.color(node_id) or Color.FP32
+        return Color.FP32
+
+    def use_color(self, node_id: int, index: int) -> Color:
+        """The precision a node reads its input ``index`` in."""
+        slots = self.slots.get(node_id)
+        if slots is not None and index in slots.inputs:
+            return self.coloring.color(node_id) or Color.FP32
+        return Color.FP32
+
+    def output_color(self, graph_id: int) -> Color:
+        return self.io_color if graph_id == 0 else Color.FP32
+
+    def slot_readers(self, value: Value) -> list[tuple[int, int]]:
+        """The (node, input index) uses of ``value`` at convertible slots of candidates."""
+        return [(n, i) for n, i in value.uses if n in self.slots and i in self.slots[n].inputs]
+
+    def slot_values(self, node_id: int):
+        """(is_input, index, value) for each convertible slot of a candidate node."""
+        node, slots = self.index.nodes[node_id], self.slots[node_id]
+        for i in slots.inputs:
+            yield True, i, self.index.values[node.inputs[i]]
+        for i in slots.outputs:
+            yield False, i, self.index.values[node.outputs[i]]
+
+
+class ColorPass(Protocol):
+    """An analysis step: reads the model, refines ``analysis.coloring``, edits nothing."""
+
+    def run(self, analysis: Analysis) -> None: ...

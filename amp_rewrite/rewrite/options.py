@@ -1,0 +1,106 @@
+"""The configuration that ``convert`` takes; the CLI only builds one of these."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.numerics.compare import Tolerance
+from amp_rewrite.policy.kernels import PROVIDERS
+
+UNKNOWN_OP_MODES = ("keep", "warn", "error")
+POLICIES = ("default", "all-low")
+RANGE_CHECK_MODES = ("auto", "on", "off")
+
+
+@dataclass
+class ConvertOptions:
+    """Options of :func:`amp_rewrite.convert`.
+
+    - ``precision``: "float16" or "bfloat16".
+    - ``provider``: execution provider whose kernels decide what may run in low
+      precision ("CUDAExecutionProvider", "CPUExecutionProvider"), or None to
+      follow the ONNX schemas alone.
+    - ``keep_io_types``: graph inputs and outputs stay float32.
+    - ``keep_fp32_ops`` / ``keep_fp32_nodes``: op types, node names or name
+      regular expressions kept in float32; ``force_low_ops`` / ``force_low_nodes``
+      put others in low precision whatever the lists say.
+    - ``unknown_ops``: ops the lists don't know: "keep" float32, "warn", or "error".
+    - ``policy``: "default", or "all-low" to put every convertible node in low
+      precision as other converters do (safety checks still apply).
+    - ``range_check``: run the model on generated inputs and keep nodes whose
+      values leave the target's range in float32: "auto" (models up to
+      ``range_check_max_bytes`` of weights), "on" or "off".
+    - ``headroom``: measured magnitudes above ``precision max / headroom`` count
+      as overflow (generated inputs can be narrower than real data).
+    - ``underflow_share``: a constant whose values that flush to zero carry more
+      than this share of its L2 norm keeps its readers in float32.
+    - ``calibrate``: samples (.npz paths or dicts of arrays) to measure the float32
+      model's values on; a value that overflows (beyond ``precision max / headroom``)
+      or of whose nonzero elements more than ``flush_share`` flush to zero keeps the
+      nodes that produce and read it in float32. Replaces the generated-input range check.
+    - ``validate``: samples on which the converted model is checked against the
+      float32 one (emulating the target precision) with ``tolerance`` (and per-output
+      ``tolerances``); while it fails, the nodes localization blames are kept float32
+      and the model is converted again, at most ``max_rounds`` times.
+    """
+
+    precision: Precision | str = Precision.FLOAT16
+    provider: str | None = "CUDAExecutionProvider"
+    keep_io_types: bool = True
+    keep_fp32_ops: list[str] = field(default_factory=list)
+    keep_fp32_nodes: list[str] = field(default_factory=list)
+    force_low_ops: list[str] = field(default_factory=list)
+    force_low_nodes: list[str] = field(default_factory=list)
+    unknown_ops: str = "keep"
+    policy: str = "default"
+    range_check: str = "auto"
+    range_check_max_bytes: int = 1 << 30
+    headroom: float = 16.0
+    underflow_share: float = 0.01
+    seed: int = 0
+    calibrate: list = field(default_factory=list)
+    flush_share: float = 0.05
+    validate: list = field(default_factory=list)
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
+    max_rounds: int = 8
+
+    def validated(self) -> ConvertOptions:
+        """Return a copy with enums resolved; raise UserError on a bad value."""
+        try:
+            precision = Precision(self.precision)
+        except ValueError:
+            raise UserError(f"unknown precision {self.precision!r}; choose float16 or bfloat16") from None
+        _choose("provider", self.provider, (*PROVIDERS, None))
+        _choose("unknown_ops", self.unknown_ops, UNKNOWN_OP_MODES)
+        _choose("policy", self.policy, POLICIES)
+        _choose("range_check", self.range_check, RANGE_CHECK_MODES)
+        for pattern in (*self.keep_fp32_nodes, *self.force_low_nodes):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UserError(f"node pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        if not 0 <= self.flush_share <= 1:
+            raise UserError(f"flush_share must be between 0 and 1, got {self.flush_share}")
+        if self.headroom < 1:
+            raise UserError(f"headroom must be at least 1, got {self.headroom}")
+        copy = ConvertOptions(**{**self.__dict__, "precision": precision})
+        return copy
+
+
+def _choose(name: str, value, allowed) -> None:
+    if value not in allowed:
+        shown = ", ".join(str(a) for a in allowed if a is not None)
+        raise UserError(f"unknown {name} {value!r}; choose one of: {shown}")
+
+
+def matches_node(name: str, patterns: list[str]) -> str | None:
+    """The first pattern equal to ``name`` or fully matching it as a regex."""
+    for pattern in patterns:
+        if pattern == name or re.fullmatch(pattern, name):
+            return pattern
+    return None
+

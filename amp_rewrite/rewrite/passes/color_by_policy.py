@@ -1,0 +1,66 @@
+"""ColorByPolicy: class every candidate and fix the colors that policy alone decides."""
+
+from __future__ import annotations
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.graph import node_key
+from amp_rewrite.policy.kernels import kernel_table
+from amp_rewrite.policy.oplists import ALLOW, DENY
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.options import matches_node
+
+
+class ColorByPolicy:
+    """Invariant: every candidate has an op class; user overrides are fixed (USER),
+    nodes the provider has no low-precision kernel for are fixed float32 (SAFETY),
+    allow ops are fixed low and deny and unknown ops float32 (POLICY); infer and clear
+    ops stay free.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        options, index = analysis.options, analysis.index
+        table = kernel_table(options.provider) if options.provider else None
+        unknown: set[str] = set()
+        for node_id, slots in analysis.slots.items():
+            node = index.nodes[node_id]
+            op_class = analysis.policy.classify(node.op_type)
+            analysis.coloring.add(node_id, op_class.name if op_class else "unknown")
+            self._user(analysis, node_id)
+            if table is not None and not table.supports(
+                node.domain, node.op_type, index.opset(node), analysis.precision.value, slots.params
+            ):
+                analysis.coloring.fix(node_id, Color.FP32, f"{options.provider} has no {analysis.precision.value} "
+                                      f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)
+            if op_class is None:
+                unknown.add(node.op_type)
+                analysis.unknown_ops[node.op_type] += 1
+                analysis.coloring.fix(node_id, Color.FP32, f"{node.op_type} is not in the op lists; kept float32 "
+                                      f"(unknown_ops={options.unknown_ops})", Priority.POLICY)
+            elif op_class.name == ALLOW:
+                analysis.coloring.fix(node_id, Color.LOW, f"allow: {op_class.reason}", Priority.POLICY)
+            elif op_class.name == DENY:
+                analysis.coloring.fix(node_id, Color.FP32, f"deny: {op_class.reason}", Priority.POLICY)
+        unknown.update(op for op in analysis.unknown_ops if "." in op)
+        if unknown and options.unknown_ops == "error":
+            raise UserError(f"ops not in the precision lists: {', '.join(sorted(unknown))} "
+                            "(use --unknown-ops keep or warn, or --keep-fp32-op/--force-low-op)")
+        if unknown and options.unknown_ops == "warn":
+            analysis.notes.append(f"warning: ops not in the precision lists kept float32: {', '.join(sorted(unknown))}")
+
+    def _user(self, analysis: Analysis, node_id: int) -> None:
+        options, node = analysis.options, analysis.index.nodes[node_id]
+        name = node_key(node)
+        for patterns, ops, color, flag in (
+            (options.keep_fp32_nodes, options.keep_fp32_ops, Color.FP32, "keep-fp32"),
+            (options.force_low_nodes, options.force_low_ops, Color.LOW, "force-low"),
+        ):
+            pattern = matches_node(name, patterns) if name else None
+            if pattern is not None:
+                reason = f"--{flag}-node {pattern}"
+            elif node.op_type in ops:
+                reason = f"--{flag}-op {node.op_type}"
+            else:
+                continue
+            analysis.coloring.fix(node_id, color, f"user override {reason}", Priority.USER)
+            return

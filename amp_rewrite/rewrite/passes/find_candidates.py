@@ -1,0 +1,71 @@
+"""FindCandidates: find the nodes whose float32 tensors may change precision."""
+
+from __future__ import annotations
+
+import functools
+
+from amp_rewrite.ir.graph import Node
+from amp_rewrite.ir.schemas import signature
+from amp_rewrite.policy.oplists import CONTROL_FLOW, RETYPED_BY_ATTRIBUTE
+from amp_rewrite.rewrite.analysis import FLOAT, Analysis, Slots
+
+
+class FindCandidates:
+    """Invariant: ``analysis.slots`` holds exactly the nodes with at least one input or
+    output bound to a schema type parameter that is float32 at every slot, admits the
+    target type, binds an input (or an attribute fixes it), and is not kept float32 by
+    the op lists. Ops with no schema that touch
+    float32 tensors are counted in ``analysis.unknown_ops``; they keep their types.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        index = analysis.index
+        for node in index.nodes:
+            if node.domain == "" and (node.op_type in CONTROL_FLOW or node.op_type == "Constant"):
+                continue
+            slots = self._slots(analysis, node)
+            if slots is not None:
+                analysis.slots[node.id] = slots
+
+    def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
+        index, values = analysis.index, analysis.index.values
+        eligible = _eligible_params(
+            node.domain, node.op_type, index.opset(node), tuple(k is not None for k in node.inputs),
+            tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
+            frozenset(analysis.policy.keep_fp32_params(node.op_type)))
+        if eligible is None:
+            if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
+                analysis.unknown_ops[f"{node.domain + '.' if node.domain else ''}{node.op_type}"] += 1
+            return None
+        params, inputs, outputs = [], [], []
+        for param, ins, outs in eligible:
+            if all(values[node.inputs[i]].elem_type == FLOAT for i in ins) and \
+                    all(values[node.outputs[i]].elem_type == FLOAT for i in outs):
+                params.append(param)
+                inputs.extend(ins)
+                outputs.extend(outs)
+        if not params or (node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == "" and not outputs):
+            return None  # nothing to convert, or an attribute fixes a non-float output type
+        return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
+
+
+_Eligible = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
+"""(type parameter, input slots, output slots) for each eligible parameter."""
+
+
+@functools.cache
+def _eligible_params(domain: str, op_type: str, opset: int, inputs: tuple[bool, ...], outputs: tuple[bool, ...],
+                     target: str, kept: frozenset[str]) -> _Eligible | None:
+    """Per schema and present inputs/outputs: each type parameter that admits ``target``, is not
+    kept float32, and binds an input (or an attribute fixes it), with the slots it binds."""
+    sig = signature(domain, op_type, opset, len(inputs), len(outputs))
+    if sig is None:
+        return None
+    retyped = op_type in RETYPED_BY_ATTRIBUTE and domain == ""
+    found = []
+    for param, allowed in sig.allowed.items():
+        ins = tuple(i for i, (formal, present) in enumerate(zip(sig.inputs, inputs)) if present and formal == param)
+        outs = tuple(i for i, (formal, present) in enumerate(zip(sig.outputs, outputs)) if present and formal == param)
+        if target in allowed and param not in kept and (ins or (retyped and outs)):
+            found.append((param, ins, outs))  # without an input, the op derives the type itself
+    return tuple(found)

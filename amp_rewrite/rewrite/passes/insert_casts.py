@@ -1,0 +1,216 @@
+"""InsertCasts: the one pass that edits the model, turning a coloring into types and casts."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper, numpy_helper
+
+from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, external_location, read_array
+from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
+from amp_rewrite.rewrite.analysis import FLOAT, OFFLINE, Analysis
+from amp_rewrite.rewrite.coloring import Color
+
+
+@dataclass
+class RewriteStats:
+    casts: int = 0
+    initializers_converted: int = 0
+    initializer_copies: int = 0
+    constants_converted: int = 0
+
+
+class InsertCasts:
+    """Invariant: every float32 value read in another precision than it is produced in
+    goes through exactly one Cast per target type, placed in the value's defining graph
+    right after its producer (so readers in subgraphs see it too), never as a chain of
+    casts; constants are converted once, offline, with a copy per precision only when
+    both are read; low nodes with attribute-typed outputs are retyped; graph outputs keep
+    their names and declared types; value_info entries agree with the new types.
+    """
+
+    def run(self, analysis: Analysis) -> RewriteStats:
+        self.analysis = analysis
+        self.low = analysis.precision.onnx_type
+        self.stats = RewriteStats()
+        self.edits = PendingInserts()
+        self.taken = {name for _, name in analysis.index.values} | {n.proto.name for n in analysis.index.nodes}
+        self.infos = _value_infos(analysis)
+        for value in list(analysis.index.all_values()):
+            if analysis.is_float(value):
+                self._rewrite_value(value)
+        for node_id, decision in analysis.coloring.decisions.items():
+            if decision.color is Color.LOW:
+                _retype_attribute(analysis.index.nodes[node_id], self.low, analysis)
+        self.edits.apply(analysis.index)
+        if self.stats.casts and "" not in analysis.index.opsets:
+            _import_default_domain(analysis.index.model)
+        return self.stats
+
+    # -- per value ---------------------------------------------------------------------------
+    def _needs(self, value: Value) -> dict[Color, list[tuple[int, int]]]:
+        needs: dict[Color, list[tuple[int, int]]] = defaultdict(list)
+        for node_id, i in value.uses:
+            needs[self.analysis.use_color(node_id, i)].append((node_id, i))
+        return needs
+
+    def _rewrite_value(self, value: Value) -> None:
+        analysis = self.analysis
+        produced = analysis.producer_color(value)
+        if produced is Color.FP32 and not value.output_of and all(
+                analysis.use_color(n, i) is Color.FP32 for n, i in value.uses):
+            return  # float32 in, float32 out: the common case in float32 regions, nothing to do
+        needs = self._needs(value)
+        output_color = {analysis.output_color(g) for g in value.output_of}
+        if produced == OFFLINE:
+            self._convert_constant(value, needs, output_color)
+            return
+        if produced is Color.LOW:
+            self._set_type(value.key[0], value.name, self.low)
+        other = Color.FP32 if produced is Color.LOW else Color.LOW
+        if other in output_color:
+            # The graph output keeps the name: the producer's value is renamed and the cast takes the name.
+            new_name = self._unique(f"{value.name}_{_short(analysis, produced)}")
+            self._rename(value, new_name, keep=needs[other])
+            self._set_type(value.key[0], value.name, self._onnx_type(other))
+            self._add_cast(value, new_name, value.name, other)
+        elif needs.get(other):
+            cast_name = self._unique(f"{value.name}_{_short(analysis, other)}")
+            for node_id, i in needs[other]:
+                analysis.index.nodes[node_id].proto.input[i] = cast_name
+            self._add_cast(value, value.name, cast_name, other)
+
+    def _add_cast(self, value: Value, source: str, target: str, color: Color) -> None:
+        to = self._onnx_type(color)
+        producer = self.analysis.index.producer_node(value)
+        if producer is not None and producer.op_type == "Cast" and producer.domain == "":
+            # Fold the chain: casting the Cast's own input rounds once, as the original model did.
+            source = producer.proto.input[0]
+        node = helper.make_node("Cast", [source], [target], to=to, name=self._unique(f"{target}_cast"))
+        self.edits.after(self.analysis.index, value, [node])
+        self.stats.casts += 1
+
+    def _rename(self, value: Value, new_name: str, keep: list[tuple[int, int]]) -> None:
+        """Rename the producer's output; readers in ``keep`` stay on the old name (the cast)."""
+        index = self.analysis.index
+        node_id, k = value.producer
+        index.nodes[node_id].proto.output[k] = new_name
+        kept = set(keep)
+        for node_id, i in value.uses:
+            if (node_id, i) not in kept:
+                index.nodes[node_id].proto.input[i] = new_name
+
+    # -- constants -----------------------------------------------------------------------------
+    def _convert_constant(self, value: Value, needs, output_color) -> None:
+        if not needs.get(Color.LOW):
+            return
+        shared = bool(needs.get(Color.FP32)) or bool(output_color)
+        if value.source == INITIALIZER:
+            tensor = self.analysis.index.initializers[value.key]
+            if shared:
+                graph = self.analysis.index.graphs[value.key[0]].proto
+                copy = graph.initializer.add()  # add(), not append(): append would store a copy of it
+                copy.CopyFrom(tensor)
+                copy.name = self._unique(f"{value.name}_{self.analysis.precision.short}")
+                if self.analysis.index.model.ir_version < 4:  # IR < 4 lists every initializer as an input
+                    graph.input.append(helper.make_tensor_value_info(copy.name, self.low, list(copy.dims)))
+                self._redirect(needs[Color.LOW], copy.name)
+                tensor, self.stats.initializer_copies = copy, self.stats.initializer_copies + 1
+            else:
+                self._set_type(value.key[0], value.name, self.low)
+            self._convert_tensor(tensor)
+            self.stats.initializers_converted += 1
+            return
+        producer = self.analysis.index.producer_node(value)
+        if shared:
+            node = onnx.NodeProto()
+            node.CopyFrom(producer.proto)
+            node.name = self._unique(f"{producer.label}_{self.analysis.precision.short}")
+            node.output[0] = self._unique(f"{value.name}_{self.analysis.precision.short}")
+            self._redirect(needs[Color.LOW], node.output[0])
+            _set_constant(node, self._converted(constant_tensor(node)))
+            self.edits.after(self.analysis.index, value, [node])
+        else:
+            self._set_type(value.key[0], value.name, self.low)
+            _set_constant(producer.proto, self._converted(constant_tensor(producer.proto)))
+        self.stats.constants_converted += 1
+
+    def _redirect(self, uses, name: str) -> None:
+        for node_id, i in uses:
+            self.analysis.index.nodes[node_id].proto.input[i] = name
+
+    def _convert_tensor(self, tensor: onnx.TensorProto) -> None:
+        if external_location(tensor) is not None:
+            tensor.external_data.add(key=SOURCE_TYPE_KEY, value=str(tensor.data_type))
+            tensor.data_type = self.low
+            return
+        converted = self._converted(tensor)
+        tensor.Clear()
+        tensor.CopyFrom(converted)
+
+    def _converted(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        array = read_array(tensor, self.analysis.base_dir)
+        out = numpy_helper.from_array(array.astype(self.analysis.precision.numpy_type), tensor.name)
+        return out
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _onnx_type(self, color: Color) -> int:
+        return self.low if color is Color.LOW else FLOAT
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    def _set_type(self, graph_id: int, name: str, elem_type: int) -> None:
+        for info in self.infos[graph_id].get(name, ()):
+            if info.type.HasField("tensor_type"):
+                info.type.tensor_type.elem_type = elem_type
+
+
+def _import_default_domain(model: onnx.ModelProto) -> None:
+    """Casts need the default domain: import the newest opset the model's IR version allows."""
+    opset = max((row[2] for row in helper.VERSION_TABLE if row[1] <= model.ir_version), default=13)
+    model.opset_import.add(domain="", version=opset)
+
+
+def _short(analysis: Analysis, color: Color | str) -> str:
+    return analysis.precision.short if color is Color.LOW else "fp32"
+
+
+def _value_infos(analysis: Analysis) -> dict[int, dict[str, list[onnx.ValueInfoProto]]]:
+    infos: dict[int, dict[str, list[onnx.ValueInfoProto]]] = {}
+    for graph in analysis.index.graphs:
+        by_name: dict[str, list[onnx.ValueInfoProto]] = defaultdict(list)
+        for info in (*graph.proto.input, *graph.proto.output, *graph.proto.value_info):
+            by_name[info.name].append(info)
+        infos[graph.id] = by_name
+    return infos
+
+
+def _set_constant(node: onnx.NodeProto, tensor: onnx.TensorProto) -> None:
+    """Make a Constant or ConstantOfShape node hold ``tensor`` as its ``value``."""
+    kept = [a for a in node.attribute if a.name not in ("value", "value_float", "value_floats")]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.append(helper.make_attribute("value", tensor))
+
+
+def _retype_attribute(node: Node, low: int, analysis: Analysis) -> None:
+    """Point the attribute that fixes a low node's output type at the low type."""
+    name = RETYPED_BY_ATTRIBUTE.get(node.op_type) if node.domain == "" else None
+    if name is None:
+        return
+    attr = next((a for a in node.proto.attribute if a.name == name), None)
+    if attr is not None and attr.type == AttributeProto.INT:
+        attr.i = low
+    elif node.op_type == "ConstantOfShape":
+        array = read_array(attr.t, None) if attr is not None else np.zeros(1, np.float32)
+        _set_constant(node.proto, numpy_helper.from_array(array.astype(analysis.precision.numpy_type)))

@@ -1,0 +1,53 @@
+"""KeepUnfitConstants: constants whose values don't fit the target keep their readers in float32."""
+
+from __future__ import annotations
+
+import onnx
+
+from amp_rewrite.ir.graph import INITIALIZER
+from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_fits, read_array
+from amp_rewrite.rewrite.analysis import OFFLINE, Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+
+
+class KeepUnfitConstants:
+    """Invariant: no candidate reads, in a convertible slot, an initializer or Constant
+    whose values exceed the target's range or mostly flush to zero there, unless the
+    user forced it; a ConstantOfShape whose fill value doesn't fit stays float32. Such
+    values are kept, never clamped.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        index, options = analysis.index, analysis.options
+        pending = []
+        for value in index.all_values():
+            if not analysis.is_float(value) or analysis.producer_color(value) != OFFLINE:
+                continue
+            readers = [(n, i) for n, i in analysis.slot_readers(value) if analysis.coloring.color(n) != Color.FP32]
+            if readers:
+                pending.append((value, readers))
+        arrays = (read_array(_tensor_of(analysis, value), analysis.base_dir) for value, _ in pending)
+        for (value, readers), fit in zip(pending, judge_fits(arrays, analysis.precision, options.underflow_share)):
+            if fit.problem is None:
+                continue
+            kind = "initializer" if value.source == INITIALIZER else "Constant"
+            analysis.kept_constants[value.name] = fit.problem
+            for node_id, _ in readers:
+                if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {fit.problem}",
+                                         Priority.SAFETY):
+                    analysis.unfit_readers.add(node_id)
+        for node_id in analysis.slots:
+            node = index.nodes[node_id]
+            if node.op_type == "ConstantOfShape" and node.domain == "":
+                fill = constant_tensor(node.proto)
+                fit = judge_fit(read_array(fill, None), analysis.precision, options.underflow_share) if fill else None
+                if fit is not None and fit.problem and analysis.coloring.fix(
+                        node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
+                    analysis.unfit_readers.add(node_id)
+
+
+def _tensor_of(analysis: Analysis, value) -> onnx.TensorProto:
+    if value.source == INITIALIZER:
+        return analysis.index.initializers[value.key]
+    return constant_tensor(analysis.index.producer_node(value).proto)
+

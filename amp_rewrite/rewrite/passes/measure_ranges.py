@@ -1,0 +1,147 @@
+"""MeasureRanges: run the float32 model on data and keep values that don't fit float32."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import onnx
+from onnx import TensorProto, helper
+
+from amp_rewrite.ir.graph import Value, node_key
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.runtime import instrument, samples
+
+RECORD_KEY = "amp_rewrite.kept_fp32"
+"""Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
+_SOURCES = {True: "calibration data", False: "generated inputs"}
+
+
+class MeasureRanges:
+    """Invariant: when values were measured (on calibration data, or on generated
+    inputs when the range check runs), no candidate produces or reads in low precision
+    a value, in any graph, whose measured magnitude exceeds ``precision max / headroom``
+    or (calibration data only) of whose nonzero elements more than ``flush_share``
+    flush to zero; such nodes are fixed float32 (SAFETY) with the measured figure as
+    reason. When nothing could be measured, the report says why.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        self._apply_record(analysis)
+        calibrated = bool(analysis.options.calibrate) or analysis.measured is not None
+        skip = self._skip_reason(analysis, calibrated)
+        if skip:
+            analysis.range_check = f"skipped: {skip}"
+            return
+        watched = self._watched(analysis)
+        if not watched:
+            analysis.range_check = "skipped: no value could change precision"
+            return
+        measured = analysis.measured
+        if measured is None:
+            try:
+                measured = _measure(analysis, watched)
+            except Exception as exc:  # a safety net: a model ORT can't run is still converted
+                if calibrated:
+                    raise
+                analysis.range_check = f"skipped: onnxruntime could not run the model ({_first_line(exc)})"
+                analysis.notes.append(f"warning: range check {analysis.range_check}")
+                return
+        over = self._judge(analysis, watched, measured, calibrated)
+        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on "
+                                f"{_SOURCES[calibrated]}; "
+                                f"{over} do not fit {analysis.precision.value}")
+
+    def _judge(self, analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool) -> int:
+        options = analysis.options
+        limit = analysis.precision.max / options.headroom
+        source = _SOURCES[calibrated]
+        over = 0
+        for value in watched:
+            stats = measured.get(value.key)
+            if stats is None:
+                continue
+            if stats.max_abs > limit:
+                reason = (f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond {limit:.4g} "
+                          f"({analysis.precision.value} max / headroom {options.headroom:g})")
+            elif calibrated and stats.small_share > options.flush_share:
+                reason = (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
+                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
+            else:
+                continue
+            over += 1
+            for node_id in _touching(analysis, value):
+                if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
+                    key = node_key(analysis.index.nodes[node_id])
+                    if key:
+                        analysis.measured_fp32.setdefault(key, reason)
+        return over
+
+    def _apply_record(self, analysis: Analysis) -> None:
+        recorded = next((p.value for p in analysis.index.model.metadata_props if p.key == RECORD_KEY), None)
+        if not recorded:
+            return
+        kept = json.loads(recorded)
+        for node_id in analysis.slots:
+            key = node_key(analysis.index.nodes[node_id])
+            reason = kept.get(key)
+            if reason and analysis.coloring.fix(node_id, Color.FP32, f"recorded by an earlier run: {reason}",
+                                                Priority.SAFETY):
+                analysis.measured_fp32[key] = reason
+
+    def _skip_reason(self, analysis: Analysis, calibrated: bool) -> str | None:
+        options = analysis.options
+        if analysis.precision is Precision.BFLOAT16:
+            return "bfloat16 has float32's range"
+        if calibrated:
+            return None
+        if options.range_check == "off":
+            return "range_check=off"
+        weight_bytes = sum(_nbytes(t) for t in analysis.index.initializers.values())
+        if options.range_check == "auto" and weight_bytes > options.range_check_max_bytes:
+            return (f"weights of {weight_bytes / 2**30:.1f} GiB exceed range_check_max_bytes "
+                    f"({options.range_check_max_bytes / 2**30:.1f} GiB); use range_check=on")
+        return None
+
+    def _watched(self, analysis: Analysis) -> list[Value]:
+        """Values computed by a node and touched by a node that may run low, in every graph."""
+        seen: dict = {}
+        for node_id in analysis.slots:
+            if analysis.coloring.color(node_id) is not Color.FP32:
+                for _, _, value in analysis.slot_values(node_id):
+                    if value.producer is not None:
+                        seen.setdefault(value.key, value)
+        return list(seen.values())
+
+
+def _touching(analysis: Analysis, value: Value) -> list[int]:
+    nodes = [n for n, _ in analysis.slot_readers(value)]
+    producer = value.producer
+    if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
+        nodes.append(producer[0])
+    return nodes
+
+
+def _measure(analysis: Analysis, watched: list[Value]) -> dict:
+    model = analysis.index.model
+    options = analysis.options
+    data = (samples.resolve(options.calibrate, model) if options.calibrate
+            else samples.generate(model, 1, seed=options.seed))
+    threshold = analysis.precision.smallest_subnormal / 2
+    exposed = instrument.expose(model, [v.key for v in watched], threshold)
+    session = instrument.session(exposed.model, analysis.base_dir)
+    return instrument.merge(instrument.measure(exposed, instrument.run(session, sample), threshold)
+                            for sample in data)
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_type == TensorProto.STRING:
+        return 0
+    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

@@ -1,0 +1,34 @@
+"""PropagateDeny: values leaving a deny op stay float32 until the next allow op."""
+
+from __future__ import annotations
+
+from amp_rewrite.policy.oplists import CLEAR, DENY, INFER
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+
+
+class PropagateDeny:
+    """Invariant: every free infer or clear node that reads, through a chain of infer
+    and clear nodes, an output of a float32 deny node, or of a node that reads a
+    constant float16 cannot hold (such as an attention mask of -3.4e38), is fixed
+    float32 (as TensorFlow's AutoMixedPrecision does for deny ops), so results that
+    need float32 are not rounded or overflowed on their way to the next allow op.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        coloring, index = analysis.coloring, analysis.index
+        roots = [n for n, d in coloring.decisions.items()
+                 if d.color is Color.FP32 and (d.op_class == DENY or n in analysis.unfit_readers)]
+        for root in roots:
+            source = index.nodes[root]
+            why = "deny node" if coloring.decisions[root].op_class == DENY else "unfit-constant reader"
+            reason = f"downstream of {why} {source.label!r} ({source.op_type}); float32 until the next allow op"
+            stack = [root]
+            while stack:
+                node_id = stack.pop()
+                for _, _, value in (s for s in analysis.slot_values(node_id) if not s[0]):
+                    for consumer, _ in analysis.slot_readers(value):
+                        decision = coloring.decisions[consumer]
+                        if decision.free and decision.op_class in (INFER, CLEAR):
+                            coloring.fix(consumer, Color.FP32, reason, Priority.POLICY)
+                            stack.append(consumer)

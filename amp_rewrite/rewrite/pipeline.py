@@ -1,0 +1,35 @@
+"""The numbered pipeline: analysis passes color the model, then ``InsertCasts`` edits it.
+
+1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
+5. MeasureRanges  6. PropagateDeny  7. ChooseMinCasts  8. InsertCasts
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts
+from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+
+
+def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
+            base_dir: str | os.PathLike | None = None, measured: dict | None = None) -> Analysis:
+    """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
+    ``measured``: value statistics from an earlier run, used instead of running the model."""
+    options = (options or ConvertOptions()).validated()
+    analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured)
+    for step in ANALYSIS:
+        step().run(analysis)
+    return analysis
+
+
+def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
+            measured: dict | None = None) -> tuple[Analysis, RewriteStats]:
+    """Color ``proto`` and insert its casts, in place."""
+    analysis = analyze(proto, options, base_dir, measured)
+    return analysis, InsertCasts().run(analysis)

@@ -1,0 +1,126 @@
+"""What a conversion did, for people (``summary``) and machines (``to_json``)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+
+
+class Summarized(Protocol):
+    """A later stage's outcome (validation) that the report carries and prints."""
+
+    def summary(self) -> str: ...
+
+
+@dataclass
+class NodeDecision:
+    node: str
+    op_type: str
+    op_class: str
+    precision: str
+    reason: str
+
+
+@dataclass
+class Report:
+    precision: str
+    provider: str | None
+    policy: str
+    nodes: int
+    candidates: int
+    low_nodes: int
+    fp32_nodes: int
+    by_class: dict[str, dict[str, int]]
+    by_op: dict[str, dict[str, int]]
+    fp32_reasons: list[NodeDecision]
+    casts_inserted: int
+    initializers_converted: int
+    initializer_copies: int
+    constants_converted: int
+    constants_kept_fp32: dict[str, str]
+    unknown_ops: dict[str, int]
+    range_check: str
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    decisions: list[NodeDecision] = field(default_factory=list)
+    validation: Summarized | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+    def summary(self) -> str:
+        lines = [
+            f"amp-rewrite: {self.low_nodes} of {self.candidates} float nodes in {self.precision}, "
+            f"{self.fp32_nodes} kept float32 ({self.nodes} nodes in all; provider {self.provider or 'any'}, "
+            f"policy {self.policy})",
+            f"  casts inserted: {self.casts_inserted}; initializers converted: {self.initializers_converted}"
+            f" ({self.initializer_copies} kept in both precisions); constants converted: {self.constants_converted}",
+        ]
+        if self.bytes_before is not None and self.bytes_after is not None:
+            lines.append(f"  model size: {_size(self.bytes_before)} -> {_size(self.bytes_after)}")
+        lines.append(f"  range check: {self.range_check}")
+        if self.by_class:
+            parts = [f"{cls} {c.get('low', 0)}/{c.get('low', 0) + c.get('fp32', 0)} low"
+                     for cls, c in sorted(self.by_class.items())]
+            lines.append("  by class: " + ", ".join(parts))
+        reasons = Counter(_reason_kind(d.reason) for d in self.fp32_reasons)
+        if reasons:
+            lines.append("  float32 because: " + "; ".join(f"{n}x {r}" for r, n in reasons.most_common(6)))
+        for name, problem in list(self.constants_kept_fp32.items())[:5]:
+            lines.append(f"  constant {name!r} kept float32: {problem}")
+        lines.extend(f"  {note}" for note in self.notes)
+        if self.validation is not None:
+            lines.extend("  " + line for line in self.validation.summary().splitlines())
+        lines.append(f"  time: {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+def _reason_kind(reason: str) -> str:
+    return reason.split(":")[0] if ":" in reason[:40] else reason[:60]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def _tally(pairs) -> dict[str, dict[str, int]]:
+    counts = Counter(pairs)
+    table: dict[str, dict[str, int]] = {}
+    for (key, color), n in sorted(counts.items()):
+        table.setdefault(key, {})[color] = n
+    return table
+
+
+def build_report(analysis: Analysis, stats: RewriteStats | None) -> Report:
+    options, index = analysis.options, analysis.index
+    decisions = []
+    for node_id, decision in sorted(analysis.coloring.decisions.items()):
+        node = index.nodes[node_id]
+        color = (decision.color or Color.FP32).value
+        decisions.append(NodeDecision(node.label, node.op_type, decision.op_class, color, decision.reason))
+    by_class = _tally((d.op_class, d.precision) for d in decisions)
+    by_op = _tally((d.op_type, d.precision) for d in decisions)
+    stats = stats or RewriteStats()
+    low = sum(1 for d in decisions if d.precision == Color.LOW.value)
+    return Report(
+        precision=options.precision.value, provider=options.provider, policy=options.policy,
+        nodes=len(index.nodes), candidates=len(decisions), low_nodes=low, fp32_nodes=len(decisions) - low,
+        by_class=by_class, by_op=by_op,
+        fp32_reasons=[d for d in decisions if d.precision == Color.FP32.value],
+        casts_inserted=stats.casts, initializers_converted=stats.initializers_converted,
+        initializer_copies=stats.initializer_copies, constants_converted=stats.constants_converted,
+        constants_kept_fp32=dict(analysis.kept_constants), unknown_ops=dict(analysis.unknown_ops),
+        range_check=analysis.range_check, notes=list(analysis.notes), decisions=decisions,
+    )

@@ -1,0 +1,234 @@
+"""Running a model with ONNX Runtime and reading its intermediate values.
+
+``expose`` derives a model whose outputs include the values asked for: a
+top-level value becomes a graph output as it is; a value inside an If, Loop or
+Scan body is reduced in the body to a statistics vector
+``[max |x|, nonzero elements, elements below a threshold]`` that is carried out
+through each enclosing control-flow node (as a Loop or Scan scan output, or an
+If output with an empty stand-in in the other branch). One run of that model
+measures every value of the model, nested ones included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, helper
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.graph import ModelIndex, ValueKey
+from amp_rewrite.ir.types import typed_index
+
+STAT_PREFIX = "__amp_stat"
+# Where a control-flow node carries a body output out: the attribute names of its
+# bodies, and for Scan the per-scan-output attributes that must grow with it.
+_LIFTABLE = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+_SCAN_OUTPUT_ATTRIBUTES = ("scan_output_axes", "scan_output_directions")
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """What a run showed of one float value."""
+
+    max_abs: float
+    nonzero: int
+    small: int
+    """Nonzero elements with magnitude below the threshold the stats were taken with."""
+
+    @classmethod
+    def of(cls, array: np.ndarray, threshold: float) -> ValueStats:
+        magnitude = np.abs(np.asarray(array, dtype=np.float32)).ravel()
+        finite = magnitude[np.isfinite(magnitude)]
+        peak = float(finite.max()) if finite.size else (float("inf") if magnitude.size else 0.0)
+        nonzero = finite[finite > 0]
+        return cls(peak, int(nonzero.size), int(np.count_nonzero(nonzero < threshold)))
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray) -> ValueStats:
+        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        if not rows.size:
+            return cls(0.0, 0, 0)
+        return cls(float(rows[:, 0].max()), int(rows[:, 1].sum()), int(rows[:, 2].sum()))
+
+    def merged(self, other: ValueStats) -> ValueStats:
+        return ValueStats(max(self.max_abs, other.max_abs), self.nonzero + other.nonzero, self.small + other.small)
+
+    @property
+    def small_share(self) -> float:
+        return self.small / self.nonzero if self.nonzero else 0.0
+
+
+@dataclass
+class Exposed:
+    """A model with extra outputs, and what each extra output holds."""
+
+    model: onnx.ModelProto
+    top: list[str]
+    """Top-level values that are graph outputs as they are."""
+    stats: dict[str, ValueKey]
+    """Statistics outputs: output name -> nested value."""
+
+
+def float_values(model: onnx.ModelProto, top_level: bool = False) -> list[ValueKey]:
+    """Keys of the float32 values that nodes compute (every graph, or the top level only)."""
+    index = typed_index(model)
+    return [v.key for v in index.all_values()
+            if v.producer is not None and v.elem_type == TensorProto.FLOAT and (v.key[0] == 0 or not top_level)]
+
+
+def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float) -> Exposed:
+    """A copy of ``model`` whose outputs also give each value of ``keys`` (float values)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    index = typed_index(copy)
+    present = {o.name for o in copy.graph.output}
+    top: list[str] = []
+    stats: dict[str, ValueKey] = {}
+    builder = _StatBuilder(index, threshold)
+    for key in keys:
+        if key not in index.values:
+            continue
+        if key[0] == 0:
+            if key[1] not in present:
+                elem_type = index.values[key].elem_type or TensorProto.FLOAT
+                copy.graph.output.append(helper.make_tensor_value_info(key[1], elem_type, None))
+            top.append(key[1])
+            continue
+        name = builder.lift(key)
+        if name is not None:
+            stats[name] = key
+    return Exposed(copy, top, stats)
+
+
+class _StatBuilder:
+    def __init__(self, index: ModelIndex, threshold: float) -> None:
+        self.index = index
+        self.threshold = threshold
+        self.count = 0
+        self.owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
+        self.constants: dict[int, dict[str, str]] = {}
+
+    def lift(self, key: ValueKey) -> str | None:
+        """Reduce a nested value to its statistics and carry them to a top-level output."""
+        graph_id, name = key
+        if not self._liftable(graph_id):
+            return None
+        graph = self.index.graphs[graph_id].proto
+        stat = self._stat_nodes(graph_id, graph, name)
+        while graph_id != 0:
+            stat, graph_id = self._carry_out(graph_id, stat)
+        self.index.model.graph.output.append(helper.make_tensor_value_info(stat, TensorProto.FLOAT, None))
+        return stat
+
+    def _liftable(self, graph_id: int) -> bool:
+        while graph_id != 0:
+            owner = self.index.nodes[self.owner[graph_id]]
+            if owner.domain != "" or owner.op_type not in _LIFTABLE:
+                return False
+            graph_id = owner.graph
+        return True
+
+    def _name(self, what: str) -> str:
+        self.count += 1
+        return f"{STAT_PREFIX}_{what}_{self.count}"
+
+    def _constant(self, graph_id: int, graph: onnx.GraphProto, label: str, values: list[float]) -> str:
+        cache = self.constants.setdefault(graph_id, {})
+        if label not in cache:
+            name = self._name(label)
+            dtype = TensorProto.INT64 if label == "flat" else TensorProto.FLOAT
+            graph.node.insert(0, helper.make_node("Constant", [], [name],
+                                                  value=helper.make_tensor(name, dtype, [len(values)], values)))
+            cache[label] = name
+        return cache[label]
+
+    def _stat_nodes(self, graph_id: int, graph: onnx.GraphProto, value: str) -> str:
+        """Append nodes computing [max |x|, nonzero count, count below threshold] (shape [3])."""
+        flat_shape = self._constant(graph_id, graph, "flat", [-1])
+        zero = self._constant(graph_id, graph, "zero", [0.0])
+        threshold = self._constant(graph_id, graph, "threshold", [self.threshold])
+        n = self._name
+        magnitude, flat, padded, peak = n("abs"), n("flat"), n("padded"), n("max")
+        nonzero, small, both = n("nonzero"), n("small"), n("both")
+        counts = [n("count"), n("count")]
+        out = n("stats")
+        graph.node.extend([
+            helper.make_node("Abs", [value], [magnitude]),
+            helper.make_node("Reshape", [magnitude, flat_shape], [flat]),
+            helper.make_node("Concat", [flat, zero], [padded], axis=0),
+            helper.make_node("ReduceMax", [padded], [peak], keepdims=1),
+            helper.make_node("Greater", [padded, zero], [nonzero + "_b"]),
+            helper.make_node("Cast", [nonzero + "_b"], [nonzero], to=TensorProto.FLOAT),
+            helper.make_node("Less", [padded, threshold], [small + "_b"]),
+            helper.make_node("Cast", [small + "_b"], [small], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [nonzero, small], [both]),
+            helper.make_node("ReduceSum", [nonzero], [counts[0]], keepdims=1),
+            helper.make_node("ReduceSum", [both], [counts[1]], keepdims=1),
+            helper.make_node("Concat", [peak, *counts], [out], axis=0),
+        ])
+        return out
+
+    def _carry_out(self, graph_id: int, name: str) -> tuple[str, int]:
+        """Make ``name`` an output of its body and of the owning node; return the node's new output."""
+        owner = self.index.nodes[self.owner[graph_id]]
+        bodies = [a for a in owner.proto.attribute if a.type == AttributeProto.GRAPH]
+        for attr, body_id in zip(bodies, self.index.subgraphs[owner.id]):
+            body = attr.g
+            if body_id == graph_id:
+                body.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            else:  # the other If branch gives an empty stand-in
+                stand_in = self._name("none")
+                body.node.append(helper.make_node("Constant", [], [stand_in], value=helper.make_tensor(
+                    stand_in, TensorProto.FLOAT, [0], [])))
+                body.output.append(helper.make_tensor_value_info(stand_in, TensorProto.FLOAT, None))
+        if owner.op_type == "Scan":
+            for attr in owner.proto.attribute:
+                if attr.name in _SCAN_OUTPUT_ATTRIBUTES:
+                    attr.ints.append(0)
+        carried = self._name("carried")
+        owner.proto.output.append(carried)
+        return carried, owner.graph
+
+
+def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+            provider: str = "CPUExecutionProvider", optimize: bool = False):
+    """An ONNX Runtime session; external data is read from ``base_dir``."""
+    import onnxruntime as ort
+
+    if provider not in ort.get_available_providers():
+        raise UserError(f"{provider} is not available in this onnxruntime "
+                        f"(available: {', '.join(ort.get_available_providers())})")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 4
+    if base_dir:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         os.fspath(base_dir))
+    return ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
+
+
+def run(sess, feeds: Mapping[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Outputs by name (all of them when ``names`` is None)."""
+    names = names or [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, dict(feeds))))
+
+
+def measure(exposed: Exposed, results: Mapping[str, np.ndarray], threshold: float) -> dict[ValueKey, ValueStats]:
+    """Statistics of every exposed value from one run's results."""
+    measured = {(0, name): ValueStats.of(results[name], threshold) for name in exposed.top}
+    for name, key in exposed.stats.items():
+        measured[key] = ValueStats.of_rows(results[name])
+    return measured
+
+
+def merge(runs: Iterable[dict[ValueKey, ValueStats]]) -> dict[ValueKey, ValueStats]:
+    merged: dict[ValueKey, ValueStats] = {}
+    for measured in runs:
+        for key, stats in measured.items():
+            merged[key] = merged[key].merged(stats) if key in merged else stats
+    return merged

@@ -1,0 +1,133 @@
+"""``convert``: load a model, run the rewrite pipeline (validated when asked), report, and save."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import onnx
+import onnx.external_data_helper
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
+from amp_rewrite.ir.tensors import external_location
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY
+from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.rewrite.report import Report, build_report
+from amp_rewrite.workflows.validate import convert_validated
+
+if TYPE_CHECKING:
+    import onnx_ir
+
+PathLike = TypeVar("PathLike", str, os.PathLike)
+
+
+@overload
+def convert(model: onnx.ModelProto, output: None = None, options: ConvertOptions | None = None,
+            **kwargs: Any) -> tuple[onnx.ModelProto, Report]: ...
+@overload
+def convert(model: onnx_ir.Model, output: None = None, options: ConvertOptions | None = None,
+            **kwargs: Any) -> tuple[onnx_ir.Model, Report]: ...
+@overload
+def convert(model: PathLike, output: PathLike, options: ConvertOptions | None = None,
+            **kwargs: Any) -> tuple[PathLike, Report]: ...
+
+
+def convert(model, output=None, options=None, **kwargs):
+    """Rewrite a float32 model to mixed precision.
+
+    ``model`` is a path (then ``output`` is the path to write, and the path is
+    returned), an ``onnx.ModelProto`` or an ``onnx_ir.Model`` (the same kind is
+    returned; the argument is not modified). Options come as a
+    :class:`ConvertOptions` or as its fields by keyword. Returns
+    ``(result, report)``. Bad input raises :class:`UserError`.
+    """
+    if options is not None and kwargs:
+        raise UserError("pass either options= or option keywords, not both")
+    try:
+        options = (options or ConvertOptions(**kwargs)).validated()
+    except TypeError as exc:
+        raise UserError(str(exc)) from None
+    started = time.perf_counter()
+    proto, base_dir, kind = _load(model, output)
+    bytes_before = _model_bytes(model, proto) if kind == "path" else proto.ByteSize()
+    validation = None
+    if options.validate:
+        proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
+    else:
+        analysis, stats = rewrite(proto, options, base_dir)
+    _record_decisions(proto, analysis)
+    report = build_report(analysis, stats)
+    report.validation = validation
+    if kind == "path":
+        io.save(proto, output, base_dir)
+        report.bytes_before, report.bytes_after = bytes_before, _model_bytes(output, None)
+        result = output
+    elif kind == "ir":
+        import onnx_ir as ir
+
+        result = ir.serde.deserialize_model(proto)
+    else:
+        result = proto
+    if kind != "path":
+        report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
+    report.seconds = time.perf_counter() - started
+    return result, report
+
+
+def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:
+    if isinstance(model, (str, os.PathLike)):
+        if output is None:
+            raise UserError("an output path is required when the input is a path")
+        io.check_output_path(model, output)
+        return io.load(model), os.path.dirname(os.path.abspath(model)), "path"
+    if output is not None:
+        raise UserError("output= is only for path inputs; in-memory models are returned")
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        if any(external_location(t) for t in io.initializers(proto)):
+            raise UserError("the ModelProto refers to external data that is not loaded: "
+                            "pass the model's path, or load it with onnx.load(path)")
+        return proto, None, "proto"
+    if type(model).__module__.startswith("onnx_ir"):
+        import onnx_ir as ir
+
+        proto = ir.serde.serialize_model(model)
+        base_dir = _ir_base_dir(model)
+        if base_dir is not None:
+            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        return proto, None, "ir"
+    raise UserError(f"cannot convert a {type(model).__name__}: pass a path, an onnx.ModelProto or an onnx_ir.Model")
+
+
+def _ir_base_dir(model) -> str | None:
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            base = getattr(value.const_value, "base_dir", None)
+            if base:
+                return os.fspath(base)
+    return None
+
+
+def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
+    kept = analysis.measured_fp32
+    if not kept:
+        return
+    entries = [p for p in proto.metadata_props if p.key != RECORD_KEY]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(entries)
+    proto.metadata_props.add(key=RECORD_KEY, value=json.dumps(kept, sort_keys=True))
+
+
+def _model_bytes(path, proto) -> int:
+    path = Path(path)
+    total = path.stat().st_size
+    model = proto if proto is not None else onnx.load(os.fspath(path), load_external_data=False)
+    files = {info["location"] for t in io.initializers(model) if (info := external_location(t))}
+    return total + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())

@@ -1,0 +1,102 @@
+"""Convert, check, and keep in float32 what localization blames, until the check passes.
+
+The float32 model runs once per sample, with every value instrumented: its
+statistics calibrate the first conversion (values that overflow or flush to
+zero stay float32) and its top-level values are the reference for localization.
+Each round then converts, runs the emulated mixed model once per sample, and
+if an output is out of tolerance keeps the nodes ``localize`` blames (those that
+introduced NaN/Inf, else the few that grew the error most) in float32. Runs
+grow with the number of rounds, not with the size of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field, replace
+
+import onnx
+
+from amp_rewrite.ir import io
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
+from amp_rewrite.numerics.check import DEFAULT_PROVIDER, ModelRunner, OutputCheck, compare_outputs, culprits
+from amp_rewrite.numerics.localize import localize
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.runtime import instrument, samples
+
+
+@dataclass
+class Validation:
+    passed: bool
+    rounds: int
+    runs: int
+    sessions: int
+    kept_fp32: dict[str, str] = field(default_factory=dict)
+    """Nodes that validation moved to float32, with the evidence."""
+    outputs: list[OutputCheck] = field(default_factory=list)
+
+    def summary(self) -> str:
+        verdict = "passed" if self.passed else "FAILED"
+        lines = [f"validation {verdict} after {self.rounds} round{'s' if self.rounds != 1 else ''}: {self.runs} "
+                 f"model runs in {self.sessions} sessions; {len(self.kept_fp32)} nodes moved to float32"]
+        lines += [f"  kept float32: {node}: {why}" for node, why in self.kept_fp32.items()]
+        lines += [f"  output {o.name}: rel L2 {o.errors.rel_l2:.3g}, max abs {o.errors.max_abs:.3g}"
+                  f"{'' if o.passed else ' (out of tolerance)'}" for o in self.outputs]
+        return "\n".join(lines)
+
+
+def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
+                      base_dir: str | None) -> tuple[onnx.ModelProto, Analysis, RewriteStats, Validation]:
+    """Rounds of conversion (``rewrite`` of a copy, calibrated by the float32 run) until the check passes."""
+    data = samples.resolve(options.validate, proto)
+    if options.calibrate:
+        data += samples.resolve(options.calibrate, proto)
+    threshold = options.precision.smallest_subnormal / 2
+    watched = instrument.float_values(proto)
+    reference = ModelRunner(proto, base_dir, DEFAULT_PROVIDER, watch=watched, threshold=threshold)
+    expected = [reference.run(sample) for sample in data]
+    measured = instrument.merge(reference.stats(r) for r in expected)
+    top = [key for key in watched if key[0] == 0]
+    validation = Validation(False, 0, reference.runs, 1)
+    kept: dict[str, str] = {}
+    while True:
+        validation.rounds += 1
+        round_options = replace(options, keep_fp32_nodes=[*options.keep_fp32_nodes, *map(re.escape, kept)])
+        mixed = onnx.ModelProto()
+        mixed.CopyFrom(proto)
+        analysis, stats = rewrite(mixed, round_options, base_dir, measured)
+        with tempfile.TemporaryDirectory(prefix="amp-rewrite-") as scratch:
+            runnable, runnable_dir = _runnable(mixed, base_dir, scratch)
+            candidate = ModelRunner(runnable, runnable_dir, DEFAULT_PROVIDER, emulate=True, watch=top)
+            observed = [candidate.run(sample) for sample in data]
+        validation.runs += candidate.runs
+        validation.sessions += 1
+        validation.outputs = compare_outputs(expected, observed, candidate.outputs, options.tolerance,
+                                             options.tolerances)
+        validation.passed = all(o.passed for o in validation.outputs)
+        if validation.passed or validation.rounds >= options.max_rounds:
+            break
+        worst = next(o.sample for o in validation.outputs if not o.passed)
+        blamed = [s for s in culprits(localize(mixed, expected[worst], observed[worst])) if s.node not in kept]
+        if not blamed:
+            break
+        kept.update((s.node, s.evidence) for s in blamed)
+    validation.kept_fp32 = kept
+    return mixed, analysis, stats, validation
+
+
+def _runnable(mixed: onnx.ModelProto, base_dir: str | None, scratch: str) -> tuple[onnx.ModelProto, str | None]:
+    """The mixed model as ONNX Runtime can read it: external tensors still in float32 bytes
+    (converted only when saved) are written out converted first."""
+    pending = any(e.key == SOURCE_TYPE_KEY for t in io.initializers(mixed) for e in t.external_data)
+    if not pending:
+        return mixed, base_dir
+    copy = onnx.ModelProto()
+    copy.CopyFrom(mixed)
+    path = os.path.join(scratch, "mixed.onnx")
+    io.save(copy, path, base_dir)
+    return io.load(path), scratch

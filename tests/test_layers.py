@@ -1,0 +1,85 @@
+"""The package's layers: each folder imports only the layers beneath it (and itself).
+
+Every import is checked, including imports inside functions and under
+``TYPE_CHECKING``: a deferred import that climbs a layer is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "amp_rewrite"
+
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors"}),
+    frozenset({"ir"}),
+    frozenset({"policy"}),
+    frozenset({"runtime"}),
+    frozenset({"numerics"}),
+    frozenset({"rewrite", "autodiff"}),  # siblings: neither imports the other
+    frozenset({"training"}),
+    frozenset({"workflows"}),
+    frozenset({"cli"}),
+)
+"""Lowest first. The package root (its public API) and ``__main__`` may import anything."""
+
+NARROWER = {"autodiff": frozenset({"errors", "ir"})}
+"""Layers that import less than everything beneath them."""
+
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def _layer(path: Path) -> str | None:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return parts[0] if parts[0] in RANK else None
+
+
+def _imported_layers(path: Path):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise AssertionError(f"{path}: relative import (use amp_rewrite.<layer>...): line {node.lineno}")
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "amp_rewrite" and len(parts) > 1 and parts[1] in RANK:
+                yield parts[1], node.lineno
+
+
+def _modules():
+    return sorted(p for p in PACKAGE.rglob("*.py") if _layer(p) is not None)
+
+
+def test_every_module_belongs_to_a_layer():
+    loose = [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "errors")]
+    assert not loose, f"modules outside every layer folder: {loose}"
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders <= set(RANK), f"folders missing from LAYERS: {folders - set(RANK)}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_go_down(path: Path):
+    own = _layer(path)
+    allowed = NARROWER.get(own)
+    for target, line in _imported_layers(path):
+        if target == own:
+            continue
+        if allowed is not None:
+            assert target in allowed, f"{own} may import only {sorted(allowed)}; line {line} imports {target}"
+        assert RANK[target] < RANK[own], f"{own} (layer {RANK[own]}) imports {target} (layer {RANK[target]}) " \
+                                         f"at line {line}"
+
+
+def test_the_check_catches_an_upward_import(tmp_path):
+    """The walker sees an import inside a function (the old convert -> validate -> check -> convert cycle)."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from amp_rewrite.workflows.convert import convert\n")
+    assert list(_imported_layers(module)) == [("workflows", 2), ("workflows", 2)]
