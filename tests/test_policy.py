@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import onnx.defs
+import pytest
+from onnx import TensorProto, helper
 
+import amp_rewrite
+from amp_rewrite.ir.ort_schemas import ort_schema
 from amp_rewrite.policy import oplists
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.policy.kernels import kernel_table
@@ -37,7 +41,7 @@ def _float_ops() -> set[str]:
 
 
 def test_every_float_op_of_the_default_domain_is_classified_or_explained() -> None:
-    listed = {op for ops in oplists.OP_CLASSES.values() for op in ops}
+    listed = {op for ops in oplists.OP_CLASSES.values() for domain, op in ops if domain == ""}
     missing = _float_ops() - listed - set(UNLISTED) - SEQUENCE_OPS
     assert not missing, f"ops with no class: {sorted(missing)}"
 
@@ -47,11 +51,70 @@ def test_classes_are_disjoint_and_every_op_has_a_reason() -> None:
     assert all(reason for ops in oplists.OP_CLASSES.values() for reason in ops.values())
 
 
+def test_every_listed_op_is_defined_in_its_domain() -> None:
+    """Each key names a real op: of ONNX, or of ONNX Runtime (its contrib ops, SimplifiedLayerNormalization)."""
+    keys = {key for ops in oplists.OP_CLASSES.values() for key in ops}
+    keys |= {key for ops in oplists.PROVIDER_CLASSES.values() for key in ops}
+    keys |= {*oplists.KEEP_FP32_TYPE_PARAMS, *oplists.RETYPED_BY_ATTRIBUTE, *oplists.CONTROL_FLOW}
+    undefined = {(d, op) for d, op in keys if not onnx.defs.has(op, d) and ort_schema(d, op, 10**6) is None}
+    assert not undefined, f"listed but defined in no domain: {sorted(undefined)}"
+
+
 def test_provider_refinement_makes_accumulating_ops_infer_on_cuda_only() -> None:
-    assert Policy("CUDAExecutionProvider").classify("Softmax").name == oplists.INFER
-    assert Policy(None).classify("Softmax").name == oplists.DENY
-    assert Policy(None, "all-low").classify("Softmax").name == oplists.ALLOW
-    assert Policy(None, "all-low").classify("Reshape").name == oplists.CLEAR
+    assert Policy("CUDAExecutionProvider").classify("", "Softmax").name == oplists.INFER
+    assert Policy(None).classify("", "Softmax").name == oplists.DENY
+    assert Policy(None, "all-low").classify("", "Softmax").name == oplists.ALLOW
+    assert Policy(None, "all-low").classify("", "Reshape").name == oplists.CLEAR
+    assert Policy("CUDAExecutionProvider").classify("com.microsoft", "SkipLayerNormalization").name == oplists.INFER
+    assert Policy(None).classify("com.microsoft", "SkipLayerNormalization").name == oplists.DENY
+
+
+def test_lists_are_keyed_by_domain_and_op() -> None:
+    """A contrib op matches in com.microsoft only; ai.onnx is the default domain; an op of both has both."""
+    policy = Policy(None)
+    assert policy.classify("com.microsoft", "FusedMatMul").name == oplists.ALLOW
+    assert policy.classify("", "FusedMatMul") is None
+    assert policy.classify("com.example", "MatMul") is None
+    assert policy.classify("ai.onnx", "MatMul").name == oplists.ALLOW
+    assert policy.classify("", "RotaryEmbedding").name == policy.classify("com.microsoft", "RotaryEmbedding").name
+    assert policy.classify("", "GroupNormalization").name == policy.classify("com.microsoft", "GroupNorm").name
+    assert policy.classify("com.microsoft", "GroupNormalization") is None
+
+
+def test_disjointness_is_checked_per_domain_and_op(monkeypatch) -> None:
+    clashing = {**oplists.OP_CLASSES, oplists.CLEAR: {**oplists.OP_CLASSES[oplists.CLEAR],
+                                                       ("com.microsoft", "FusedMatMul"): "clash"}}
+    monkeypatch.setattr(oplists, "OP_CLASSES", clashing)
+    with pytest.raises(ValueError, match="FusedMatMul of domain 'com.microsoft' is listed as both allow and clear"):
+        oplists.check_disjoint()
+
+
+def _fused_matmul_model(domain: str) -> onnx.ModelProto:
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], name="allow1", domain=domain, alpha=1.0)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_contrib_op_of_com_microsoft_is_classified() -> None:
+    """A com.microsoft FusedMatMul is an allow op (ONNX Runtime's schema gives its type parameters)."""
+    options = amp_rewrite.ConvertOptions(provider="CUDAExecutionProvider", range_check="off")
+    analysis = amp_rewrite.analyze(_fused_matmul_model("com.microsoft"), options)
+    assert not analysis.unknown_ops
+    [decision] = analysis.coloring.decisions.values()
+    assert decision.op_class == oplists.ALLOW
+    assert decision.reason.startswith("allow: matrix product")
+
+
+def test_default_domain_node_named_like_a_contrib_op_is_not_matched() -> None:
+    options = amp_rewrite.ConvertOptions(provider="CUDAExecutionProvider", range_check="off")
+    analysis = amp_rewrite.analyze(_fused_matmul_model(""), options)
+    assert analysis.unknown_ops == {"FusedMatMul": 1}
+    assert not any(d.op_class == oplists.ALLOW for d in analysis.coloring.decisions.values())
 
 
 def test_cuda_table_lookups_follow_opset_ranges_and_type_constraints() -> None:

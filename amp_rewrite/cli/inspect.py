@@ -45,8 +45,7 @@ def _explain(analysis, wanted: str) -> str:
     if node is None:
         raise UserError(f"no node named {wanted!r} in the model")
     decision = analysis.coloring.decisions.get(node.id)
-    lines = [f"node {node.label} ({node.domain + '.' if node.domain else ''}{node.op_type}, "
-             f"opset {index.opset(node)})"]
+    lines = [f"node {node.label} ({node.qualified_op}, opset {index.opset(node)})"]
     if decision is None:
         lines.append("  not a candidate: no float32 input or output it could change "
                      "(no schema type parameter admitting the target type)")

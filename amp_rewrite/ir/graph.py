@@ -39,6 +39,11 @@ class Node:
         return "" if self.proto.domain == "ai.onnx" else self.proto.domain
 
     @property
+    def qualified_op(self) -> str:
+        """The op type, prefixed by its domain outside the default one (``com.microsoft.FusedMatMul``)."""
+        return f"{self.domain}.{self.op_type}" if self.domain else self.op_type
+
+    @property
     def label(self) -> str:
         """The node's name, or a stable description when it has none."""
         return self.proto.name or f"{self.proto.op_type}#{self.id}"

@@ -1,4 +1,5 @@
-"""Which inputs and outputs of a node share a type parameter, from the ONNX op schemas."""
+"""Which inputs and outputs of a node share a type parameter, from the ONNX op schemas
+(ONNX Runtime's for its contrib ops, see ``ort_schemas``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 import onnx
 import onnx.defs
 from onnx import TensorProto
+
+from amp_rewrite.ir.ort_schemas import ort_schema
 
 _TYPE_NAMES = {
     value: f"tensor({name})"
@@ -48,7 +51,9 @@ def signature(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs: i
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
-        return None
+        schema = ort_schema(domain, op_type, opset)  # a contrib op: ONNX Runtime's schema
+        if schema is None:
+            return None
     allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
     return Signature(
         inputs=_bind(schema.inputs, n_inputs),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from amp_rewrite.policy import oplists
-from amp_rewrite.policy.oplists import ALLOW, DENY, INFER
+from amp_rewrite.policy.oplists import ALLOW, DENY, INFER, OpKey, op_key
 
 
 @dataclass(frozen=True)
@@ -20,19 +20,20 @@ class Policy:
     def __init__(self, provider: str | None, mode: str = "default") -> None:
         oplists.check_disjoint()
         self.mode = mode
-        self._classes: dict[str, OpClass] = {
-            op: OpClass(cls, reason) for cls, ops in oplists.OP_CLASSES.items() for op, reason in ops.items()
+        self._classes: dict[OpKey, OpClass] = {
+            key: OpClass(cls, reason) for cls, ops in oplists.OP_CLASSES.items() for key, reason in ops.items()
         }
-        for op, (cls, reason) in oplists.PROVIDER_CLASSES.get(provider or "", {}).items():
-            self._classes[op] = OpClass(cls, reason)
+        for key, (cls, reason) in oplists.PROVIDER_CLASSES.get(provider or "", {}).items():
+            self._classes[key] = OpClass(cls, reason)
 
-    def classify(self, op_type: str) -> OpClass | None:
-        """The op's class, or None when the lists don't know it."""
-        found = self._classes.get(op_type)
+    def classify(self, domain: str, op_type: str) -> OpClass | None:
+        """The class of ``op_type`` of ``domain`` (``""`` or ``ai.onnx`` for the default domain),
+        or None when the lists don't know it."""
+        found = self._classes.get(op_key(domain, op_type))
         if found is not None and self.mode == "all-low" and found.name in (DENY, INFER):
             # Compute ops are forced low; data movement (clear) still follows its neighbours.
             return OpClass(ALLOW, f"all-low policy ({found.name} op: {found.reason})")
         return found
 
-    def keep_fp32_params(self, op_type: str) -> dict[str, str]:
-        return oplists.KEEP_FP32_TYPE_PARAMS.get(op_type, {})
+    def keep_fp32_params(self, domain: str, op_type: str) -> dict[str, str]:
+        return oplists.KEEP_FP32_TYPE_PARAMS.get(op_key(domain, op_type), {})

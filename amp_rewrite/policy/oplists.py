@@ -7,9 +7,13 @@ Four classes, after TensorFlow's AutoMixedPrecision lists:
 - ``infer``: numerically safe either way; follows its neighbours.
 - ``clear``: type-agnostic data movement; follows its neighbours.
 
-Each group is a mapping from op type to the reason a user reads in the report.
-Ops of the default domain that take no float tensor at all are not listed; an
-op that is listed nowhere is handled by the ``unknown_ops`` setting.
+Each group maps an op key, (domain, op type) with ``""`` for the default domain
+(``ai.onnx`` is normalised to it by ``op_key``), to the reason a user reads in the
+report. ONNX Runtime's contrib ops live in ``com.microsoft`` (their domains are
+those of ``onnxruntime``'s schemas and of the kernel tables); an op defined in both
+domains has an entry for each, so a default-domain node named like a contrib op is
+not taken for one. Ops of the default domain that take no float tensor at all are
+not listed; an op that is listed nowhere is handled by the ``unknown_ops`` setting.
 """
 
 from __future__ import annotations
@@ -21,20 +25,30 @@ DENY = "deny"
 INFER = "infer"
 CLEAR = "clear"
 CLASSES = (ALLOW, DENY, INFER, CLEAR)
+MS = "com.microsoft"
+
+OpKey = tuple[str, str]
+"""(domain, op type); the default domain is ``""``."""
 
 
-def _group(reason: str, *ops: str) -> dict[str, str]:
-    return dict.fromkeys(ops, reason)
+def op_key(domain: str, op_type: str) -> OpKey:
+    """The key of an op in these lists (``ai.onnx`` is the default domain ``""``)."""
+    return ("" if domain == "ai.onnx" else domain, op_type)
+
+
+def _group(reason: str, *ops: str, ms: tuple[str, ...] = ()) -> dict[OpKey, str]:
+    """``reason`` for each of ``ops`` (default domain) and of ``ms`` (``com.microsoft``)."""
+    return {**{("", op): reason for op in ops}, **{(MS, op): reason for op in ms}}
 
 
 _ALLOW = {
     **_group("matrix product: runs on Tensor Cores with float32 accumulation",
-             "MatMul", "Gemm", "Einsum", "FusedMatMul", "GemmFastGelu", "MatMulNBits"),
+             "MatMul", "Gemm", "Einsum", ms=("FusedMatMul", "GemmFastGelu", "MatMulNBits")),
     **_group("convolution: runs on Tensor Cores (cuDNN) with float32 accumulation",
-             "Conv", "ConvTranspose", "FusedConv", "DeformConv", "CausalConvWithState"),
+             "Conv", "ConvTranspose", "DeformConv", "CausalConvWithState", ms=("FusedConv", "CausalConvWithState")),
     **_group("recurrent cell: cuDNN runs it in float16 with float32 accumulation", "LSTM", "GRU", "RNN"),
     **_group("fused attention kernel: accumulates in float32 internally",
-             "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"),
+             "Attention", ms=("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention")),
 }
 
 _DENY = {
@@ -50,12 +64,13 @@ _DENY = {
     **_group("reduction: a sum over many elements overflows or loses small terms in float16",
              "ReduceSum", "ReduceMean", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2",
              "CumSum", "CumProd", "GlobalLpPool", "LpPool", "LpNormalization"),
+    # SimplifiedLayerNormalization is ONNX Runtime's own op, registered in the default domain.
     **_group("normalisation: mean and variance statistics need float32",
              "LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization",
-             "MeanVarianceNormalization", "LRN", "SkipLayerNormalization", "SimplifiedLayerNormalization",
-             "SkipSimplifiedLayerNormalization", "GroupNorm"),
-    **_group("recurrent state summed over the whole sequence", "LinearAttention"),
-    **_group("sequence generator: accumulating start + i*delta loses precision in float16", "Range"),
+             "MeanVarianceNormalization", "LRN", "SimplifiedLayerNormalization",
+             ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm")),
+    **_group("recurrent state summed over the whole sequence", "LinearAttention", ms=("LinearAttention",)),
+    **_group("sequence generator: accumulating start + i*delta loses precision in float16", "Range", ms=("Range",)),
     **_group("numerically delicate linear algebra or signal processing", "Det", "DFT", "STFT"),
     **_group("random generator or window: output statistics and dtype are part of the contract",
              "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
@@ -71,19 +86,19 @@ _INFER = {
              "Sqrt", "Clip", "PRelu", "Where", "Shrink"),
     **_group("bounded activation: output range fits float16",
              "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Selu", "Celu", "Gelu",
-             "HardSwish", "Swish", "ThresholdedRelu", "Softsign", "Erf", "Sin", "Cos", "Atan", "Asinh",
-             "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd", "SwiGLU"),
+             "HardSwish", "Swish", "ThresholdedRelu", "Softsign", "Erf", "Sin", "Cos", "Atan", "Asinh", "SwiGLU",
+             ms=("Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd")),
     **_group("rounding: exact on values float16 represents", "Floor", "Ceil", "Round"),
     **_group("comparison or test: same result on values float16 represents",
              "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "IsNaN", "IsInf",
              "ArgMax", "ArgMin", "TopK"),
     **_group("pooling or resampling: local weighted sums of a few values",
-             "AveragePool", "GlobalAveragePool", "Resize", "Upsample", "GridSample", "Col2Im"),
+             "AveragePool", "GlobalAveragePool", "Resize", "Upsample", "GridSample", "Col2Im", ms=("GridSample",)),
     **_group("inference-time normalisation with fixed statistics: an affine map per channel",
              "BatchNormalization"),
     **_group("quantisation boundary: scale and zero point follow the data",
-             "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"),
-    **_group("rotary embedding: products with bounded sin/cos tables", "RotaryEmbedding"),
+             "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", ms=("QuantizeLinear", "DequantizeLinear")),
+    **_group("rotary embedding: products with bounded sin/cos tables", "RotaryEmbedding", ms=("RotaryEmbedding",)),
 }
 
 _CLEAR = {
@@ -93,12 +108,12 @@ _CLEAR = {
              "TensorScatter", "Expand", "Tile", "Pad", "CenterCropPad", "DepthToSpace", "SpaceToDepth",
              "Compress", "ReverseSequence", "Trilu", "OneHot", "Unique", "NonZero", "Shape", "Size",
              "EyeLike", "Dropout", "Optional", "OptionalGetElement", "OptionalHasElement", "MaxUnpool",
-             "CastLike", "Cast", "ConstantOfShape"),
+             "CastLike", "Cast", "ConstantOfShape", ms=("GatherND", "Pad", "Trilu", "Unique")),
     **_group("selection: max/min pick an input value unchanged",
              "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"),
 }
 
-OP_CLASSES: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType({
+OP_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, str]] = MappingProxyType({
     ALLOW: MappingProxyType(_ALLOW),
     DENY: MappingProxyType(_DENY),
     INFER: MappingProxyType(_INFER),
@@ -109,41 +124,42 @@ OP_CLASSES: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType
 # op is safe in low precision: it becomes ``infer`` and runs low wherever its
 # neighbours do (faster than casting around it), but is never forced low
 # (memory-bound ops gain nothing from casts added just for them).
-PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[str, tuple[str, str]]] = MappingProxyType({
+PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, tuple[str, str]]] = MappingProxyType({
     "CUDAExecutionProvider": MappingProxyType({
-        op: (INFER, f"CUDA's low-precision {op} kernel accumulates in float32, so it is safe there")
-        for op in ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
-                   "SkipSimplifiedLayerNormalization", "InstanceNormalization", "GroupNorm",
-                   "Softmax", "LogSoftmax")
+        key: (INFER, f"CUDA's low-precision {key[1]} kernel accumulates in float32, so it is safe there")
+        for key in _group("", "LayerNormalization", "SimplifiedLayerNormalization", "InstanceNormalization",
+                          "Softmax", "LogSoftmax",
+                          ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm"))
     }),
 })
 
 # Type parameters that stay float32 even where the schema allows low precision.
-# Keyed by op type: {type parameter: reason}.
-KEEP_FP32_TYPE_PARAMS: MappingProxyType[str, dict[str, str]] = MappingProxyType({
-    "Resize": {"T2": "roi holds coordinates; float16 rounding moves them"},
-    "LayerNormalization": {"U": "mean and inverse-std-dev statistics are float32 outputs"},
-    "Dropout": {"T1": "the ratio is a scalar hyper-parameter"},
+# Keyed by op: {type parameter: reason}.
+KEEP_FP32_TYPE_PARAMS: MappingProxyType[OpKey, dict[str, str]] = MappingProxyType({
+    ("", "Resize"): {"T2": "roi holds coordinates; float16 rounding moves them"},
+    ("", "LayerNormalization"): {"U": "mean and inverse-std-dev statistics are float32 outputs"},
+    ("", "Dropout"): {"T1": "the ratio is a scalar hyper-parameter"},
 })
 
 # Ops whose output element type is fixed by an attribute; a low-precision
 # coloring rewrites that attribute (an int data type, or a tensor's values).
-RETYPED_BY_ATTRIBUTE: MappingProxyType[str, str] = MappingProxyType({
-    "Cast": "to",
-    "ConstantOfShape": "value",
-    "EyeLike": "dtype",
+RETYPED_BY_ATTRIBUTE: MappingProxyType[OpKey, str] = MappingProxyType({
+    ("", "Cast"): "to",
+    ("", "ConstantOfShape"): "value",
+    ("", "EyeLike"): "dtype",
 })
 
 # Ops that own subgraphs: their own inputs and outputs keep their types, their
 # bodies are colored with the rest of the model.
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+CONTROL_FLOW: frozenset[OpKey] = frozenset(_group("", "If", "Loop", "Scan", "SequenceMap"))
 
 
 def check_disjoint() -> None:
     """Raise if an op is listed in two classes (run when a policy is built)."""
-    seen: dict[str, str] = {}
+    seen: dict[OpKey, str] = {}
     for cls, ops in OP_CLASSES.items():
-        for op in ops:
-            if op in seen:
-                raise ValueError(f"op {op} is listed as both {seen[op]} and {cls}")
-            seen[op] = cls
+        for key in ops:
+            if key in seen:
+                domain, op = key
+                raise ValueError(f"op {op} of domain {domain or 'ai.onnx'!r} is listed as both {seen[key]} and {cls}")
+            seen[key] = cls

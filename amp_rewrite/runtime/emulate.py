@@ -16,7 +16,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from amp_rewrite.ir.graph import INITIALIZER, NODE, ModelIndex, PendingInserts, Value
 from amp_rewrite.ir.types import typed_index
-from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
+from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE, op_key
 
 LOW_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _SUFFIX = "__amp_emul"
@@ -83,7 +83,7 @@ def _is_constant(index: ModelIndex, value: Value) -> bool:
 
 def _compute_in_float(node: onnx.NodeProto) -> None:
     """An op whose output type an attribute fixes now produces float32."""
-    attribute = RETYPED_BY_ATTRIBUTE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    attribute = RETYPED_BY_ATTRIBUTE.get(op_key(node.domain, node.op_type))
     for attr in node.attribute:
         if attr.name != attribute and attr.name != "dtype":
             continue

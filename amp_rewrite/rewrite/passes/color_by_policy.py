@@ -24,7 +24,7 @@ class ColorByPolicy:
         unknown: set[str] = set()
         for node_id, slots in analysis.slots.items():
             node = index.nodes[node_id]
-            op_class = analysis.policy.classify(node.op_type)
+            op_class = analysis.policy.classify(node.domain, node.op_type)
             analysis.coloring.add(node_id, op_class.name if op_class else "unknown")
             self._user(analysis, node_id)
             if table is not None and not table.supports(
@@ -33,9 +33,10 @@ class ColorByPolicy:
                 analysis.coloring.fix(node_id, Color.FP32, f"{options.provider} has no {analysis.precision.value} "
                                       f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)
             if op_class is None:
-                unknown.add(node.op_type)
-                analysis.unknown_ops[node.op_type] += 1
-                analysis.coloring.fix(node_id, Color.FP32, f"{node.op_type} is not in the op lists; kept float32 "
+                op_name = node.qualified_op
+                unknown.add(op_name)
+                analysis.unknown_ops[op_name] += 1
+                analysis.coloring.fix(node_id, Color.FP32, f"{op_name} is not in the op lists; kept float32 "
                                       f"(unknown_ops={options.unknown_ops})", Priority.POLICY)
             elif op_class.name == ALLOW:
                 analysis.coloring.fix(node_id, Color.LOW, f"allow: {op_class.reason}", Priority.POLICY)

@@ -21,7 +21,8 @@ class FindCandidates:
     def run(self, analysis: Analysis) -> None:
         index = analysis.index
         for node in index.nodes:
-            if node.domain == "" and (node.op_type in CONTROL_FLOW or node.op_type == "Constant"):
+            key = (node.domain, node.op_type)
+            if key in CONTROL_FLOW or key == ("", "Constant"):
                 continue
             slots = self._slots(analysis, node)
             if slots is not None:
@@ -32,10 +33,10 @@ class FindCandidates:
         eligible = _eligible_params(
             node.domain, node.op_type, index.opset(node), tuple(k is not None for k in node.inputs),
             tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
-            frozenset(analysis.policy.keep_fp32_params(node.op_type)))
+            frozenset(analysis.policy.keep_fp32_params(node.domain, node.op_type)))
         if eligible is None:
             if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
-                analysis.unknown_ops[f"{node.domain + '.' if node.domain else ''}{node.op_type}"] += 1
+                analysis.unknown_ops[node.qualified_op] += 1
             return None
         params, inputs, outputs = [], [], []
         for param, ins, outs in eligible:
@@ -44,7 +45,7 @@ class FindCandidates:
                 params.append(param)
                 inputs.extend(ins)
                 outputs.extend(outs)
-        if not params or (node.op_type in RETYPED_BY_ATTRIBUTE and node.domain == "" and not outputs):
+        if not params or ((node.domain, node.op_type) in RETYPED_BY_ATTRIBUTE and not outputs):
             return None  # nothing to convert, or an attribute fixes a non-float output type
         return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
 
@@ -61,7 +62,7 @@ def _eligible_params(domain: str, op_type: str, opset: int, inputs: tuple[bool, 
     sig = signature(domain, op_type, opset, len(inputs), len(outputs))
     if sig is None:
         return None
-    retyped = op_type in RETYPED_BY_ATTRIBUTE and domain == ""
+    retyped = (domain, op_type) in RETYPED_BY_ATTRIBUTE
     found = []
     for param, allowed in sig.allowed.items():
         ins = tuple(i for i, (formal, present) in enumerate(zip(sig.inputs, inputs)) if present and formal == param)

@@ -205,7 +205,7 @@ def _set_constant(node: onnx.NodeProto, tensor: onnx.TensorProto) -> None:
 
 def _retype_attribute(node: Node, low: int, analysis: Analysis) -> None:
     """Point the attribute that fixes a low node's output type at the low type."""
-    name = RETYPED_BY_ATTRIBUTE.get(node.op_type) if node.domain == "" else None
+    name = RETYPED_BY_ATTRIBUTE.get((node.domain, node.op_type))
     if name is None:
         return
     attr = next((a for a in node.proto.attribute if a.name == name), None)
