@@ -62,7 +62,8 @@ class GraphBuilder:
     def __init__(self, names: Names, opset: int, types: Mapping[str, int] | None = None, prefix: str = "") -> None:
         self.names = names
         self.opset = opset
-        self.types: dict[str, int] = dict(types or {})
+        self.types: dict[str, int] = types if isinstance(types, dict) else dict(types or {})
+        """Shared with child builders: names are unique model-wide, so one map serves every graph."""
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self._constants: dict[tuple, str] = {}

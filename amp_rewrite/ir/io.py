@@ -10,6 +10,7 @@ from pathlib import Path
 import google.protobuf.message
 import numpy as np
 import onnx
+import onnx.external_data_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
@@ -37,6 +38,39 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
     _check_external_files(model, path.parent)
     return model
+
+
+def read_model(model, verb: str = "read") -> tuple[onnx.ModelProto, str | None, str]:
+    """``(proto, base_dir, kind)`` for a path, an ``onnx.ModelProto`` (copied: the caller's is never
+    modified) or an ``onnx_ir.Model``; ``kind`` is "path", "proto" or "ir". A path's external data
+    stays on disk (read from ``base_dir`` when needed); an in-memory model's must be loaded."""
+    if isinstance(model, (str, os.PathLike)):
+        return load(model), os.path.dirname(os.path.abspath(model)), "path"
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        if any(external_location(t) for t in initializers(proto)):
+            raise UserError("the ModelProto refers to external data that is not loaded: "
+                            "pass the model's path, or load it with onnx.load(path)")
+        return proto, None, "proto"
+    if type(model).__module__.startswith("onnx_ir"):
+        import onnx_ir as ir
+
+        proto = ir.serde.serialize_model(model)
+        base_dir = _ir_base_dir(model)
+        if base_dir is not None:
+            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        return proto, None, "ir"
+    raise UserError(f"cannot {verb} a {type(model).__name__}: pass a path, an onnx.ModelProto or an onnx_ir.Model")
+
+
+def _ir_base_dir(model) -> str | None:
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            base = getattr(value.const_value, "base_dir", None)
+            if base:
+                return os.fspath(base)
+    return None
 
 
 def _check_external_files(model: onnx.ModelProto, base_dir: Path) -> None:

@@ -41,7 +41,11 @@ class Signature:
         return type_str in self.allowed
 
     def fixed_type(self, type_str: str) -> int | None:
-        """The element type of a fixed formal such as ``tensor(int64)``."""
+        """The element type of a fixed formal such as ``tensor(int64)``, or of a type
+        parameter that admits one type only (Shape's ``T1``)."""
+        allowed = self.allowed.get(type_str)
+        if allowed is not None and len(allowed) == 1:
+            return _TYPE_CODES.get(next(iter(allowed)))
         return _TYPE_CODES.get(type_str)
 
 

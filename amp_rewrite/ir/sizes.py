@@ -33,6 +33,12 @@ class ValueSizes:
         return math.prod(d if isinstance(d, int) and d > 0 else (1 if d == 0 else SYMBOLIC_DIM)
                          for d in value.shape)
 
+    def shape(self, value: Value) -> tuple | None:
+        """The value's shape (ints, dimension names, or None for unknown extents), or None."""
+        if value.shape is None:
+            self._read_inferred(value)
+        return value.shape
+
     def _read_inferred(self, value: Value) -> None:
         if self._inferred is None:
             self._inferred = self._infer()

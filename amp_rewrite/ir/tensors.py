@@ -110,7 +110,7 @@ def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share
 
 
 def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
-    """The tensor of a Constant node given as ``value`` (other forms are not float tensors)."""
+    """The tensor of a Constant node (``value``, ``value_float(s)`` or ``value_int(s)``), or None."""
     for attr in node.attribute:
         if attr.name == "value" and attr.type == AttributeProto.TENSOR:
             return attr.t
@@ -118,4 +118,6 @@ def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
             values = [attr.f] if attr.name == "value_float" else list(attr.floats)
             shape = () if attr.name == "value_float" else (len(values),)
             return numpy_helper.from_array(np.array(values, np.float32).reshape(shape))
+        if attr.name in ("value_int", "value_ints"):
+            return numpy_helper.from_array(np.array(attr.i if attr.name == "value_int" else list(attr.ints), np.int64))
     return None

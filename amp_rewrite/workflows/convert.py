@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import onnx
-import onnx.external_data_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
@@ -85,34 +84,9 @@ def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:
         if output is None:
             raise UserError("an output path is required when the input is a path")
         io.check_output_path(model, output)
-        return io.load(model), os.path.dirname(os.path.abspath(model)), "path"
-    if output is not None:
+    elif output is not None:
         raise UserError("output= is only for path inputs; in-memory models are returned")
-    if isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-        if any(external_location(t) for t in io.initializers(proto)):
-            raise UserError("the ModelProto refers to external data that is not loaded: "
-                            "pass the model's path, or load it with onnx.load(path)")
-        return proto, None, "proto"
-    if type(model).__module__.startswith("onnx_ir"):
-        import onnx_ir as ir
-
-        proto = ir.serde.serialize_model(model)
-        base_dir = _ir_base_dir(model)
-        if base_dir is not None:
-            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
-        return proto, None, "ir"
-    raise UserError(f"cannot convert a {type(model).__name__}: pass a path, an onnx.ModelProto or an onnx_ir.Model")
-
-
-def _ir_base_dir(model) -> str | None:
-    for graph in model.graphs():
-        for value in graph.initializers.values():
-            base = getattr(value.const_value, "base_dir", None)
-            if base:
-                return os.fspath(base)
-    return None
+    return io.read_model(model, "convert")
 
 
 def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:

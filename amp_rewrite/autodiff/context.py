@@ -1,0 +1,121 @@
+"""What a gradient rule sees of its node: ``I``, ``O``, ``GO``, attributes, static shapes, a builder.
+
+The vocabulary is defined in :mod:`amp_rewrite.autodiff.registry`. Shapes are
+static where shape inference found them (ints, names, or None per dimension)
+and None otherwise; rules fall back to runtime ``Shape`` values when a shape
+they need is not static, so symbolic batch and sequence dimensions work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from amp_rewrite.ir.builder import GraphBuilder
+
+if TYPE_CHECKING:
+    from amp_rewrite.autodiff.backward import Backward
+
+
+class Context:
+    def __init__(self, engine: Backward, node: onnx.NodeProto, graph_id: int, b: GraphBuilder,
+                 inputs: Sequence[str], grads: Sequence[str | None], wanted: Sequence[bool]) -> None:
+        self.engine = engine
+        self.node = node
+        self.graph_id = graph_id
+        self.b = b
+        self._inputs = list(inputs)
+        self._grads = list(grads)
+        self._wanted = list(wanted)
+        self._attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    # -- the vocabulary ----------------------------------------------------------------------------
+    def I(self, i: int) -> str:  # noqa: E743, N802 (the registry's vocabulary)
+        return self._inputs[i] if i < len(self._inputs) else ""
+
+    def O(self, i: int) -> str:  # noqa: E743, N802
+        return self.node.output[i] if i < len(self.node.output) else ""
+
+    def GO(self, i: int) -> str | None:  # noqa: N802
+        return self._grads[i] if i < len(self._grads) else None
+
+    def wants(self, i: int) -> bool:
+        """Whether input ``i`` needs a gradient (it depends on a parameter)."""
+        return i < len(self._wanted) and self._wanted[i]
+
+    @property
+    def input_count(self) -> int:
+        return len(self._inputs)
+
+    @property
+    def opset(self) -> int:
+        return self.b.opset
+
+    def attr(self, name: str, default=None):
+        value = self._attributes.get(name, default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def go_or_zeros(self, i: int) -> str:
+        """``GO(i)``, or zeros like ``O(i)`` when nothing flows into that output."""
+        grad = self.GO(i)
+        return grad if grad is not None else self.b.zeros_like(self.O(i))
+
+    # -- shapes ------------------------------------------------------------------------------------
+    def shape(self, name: str) -> tuple | None:
+        return self.engine.shape(self.graph_id, name)
+
+    def constant(self, i: int) -> np.ndarray | None:
+        """The value of input ``i`` when it is an initializer or a Constant's output."""
+        return self.engine.constant(self.graph_id, self.I(i))
+
+    def rank(self, name: str) -> int | None:
+        shape = self.shape(name)
+        return None if shape is None else len(shape)
+
+    def static_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape when every dimension is a known int."""
+        shape = self.shape(name)
+        if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return None
+        return tuple(shape)
+
+    def shape_value(self, name: str) -> str:
+        """The shape of ``name`` as an int64 value: a constant when static, else a ``Shape`` node."""
+        static = self.static_shape(name)
+        return self.b.ints(static) if static is not None else self.b.op("Shape", name)
+
+    # -- the common shapes of rule -----------------------------------------------------------------
+    def unbroadcast(self, grad: str, x: str, y: str | None = None) -> str:
+        """Sum ``grad`` (shaped like the broadcast result ``y``) down to ``x``'s shape.
+
+        With ``x``'s shape static and ``y``'s rank known, the axes are constants: the
+        leading axes ``x`` lacks and those where ``x`` has extent 1. Otherwise they are
+        found at run time: every axis where ``x``'s shape, padded with leading ones to
+        ``grad``'s rank, is 1 (summing an axis of extent 1 changes nothing).
+        """
+        b = self.b
+        x_shape, y_rank = self.static_shape(x), self.rank(y) if y else None
+        if x_shape is not None and y_rank is not None:
+            y_shape = self.shape(y)
+            lead = y_rank - len(x_shape)
+            axes = list(range(lead)) + [lead + i for i, d in enumerate(x_shape)
+                                        if d == 1 and y_shape[lead + i] != 1]
+            if not axes:
+                return grad
+            summed = b.reduce_sum(grad, axes, keepdims=1)
+            return b.op("Reshape", summed, b.ints(x_shape)) if lead else summed
+        x_dims, g_dims = b.op("Shape", x), b.op("Shape", grad)
+        x_rank, g_rank = b.op("Shape", x_dims), b.op("Shape", g_dims)
+        pad = b.op("ConstantOfShape", b.op("Sub", g_rank, x_rank),
+                   value=onnx.numpy_helper.from_array(np.ones(1, np.int64)))
+        padded = b.op("Concat", pad, x_dims, axis=0)
+        axes = b.op("Reshape", b.op("NonZero", b.op("Equal", padded, b.ints([1]))), b.ints([-1]))
+        return b.op("Reshape", b.reduce_sum(grad, axes, keepdims=1), x_dims)
+
+    def scale(self, grad: str, factor: float) -> str:
+        """``grad * factor`` (nothing when the factor is 1)."""
+        return grad if factor == 1 else self.b.op("Mul", grad, self.b.const(factor, like=grad))

@@ -1,0 +1,123 @@
+"""``gradient_model``: a model that also outputs the gradient of its loss with respect to its weights."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx.external_data_helper
+from onnx import helper, numpy_helper
+
+from amp_rewrite.autodiff.backward import Backward
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
+from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder, Names
+from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey
+from amp_rewrite.ir.opsets import ensure_opset
+from amp_rewrite.ir.types import typed_index
+
+MIN_OPSET = 16
+"""Gradient graphs use ScatterND/ScatterElements with ``reduction="add"`` (opset 16); older
+models are upgraded with ONNX's version converter first."""
+
+
+@dataclass
+class Backprop:
+    """What :func:`add_backward` appended: each parameter's gradient value, by parameter name."""
+
+    grads: dict[str, str]
+    builder: GraphBuilder
+
+
+def gradient_model(model, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
+    """``model`` (a path, ``onnx.ModelProto`` or ``onnx_ir.Model``; never modified) with one more
+    output per parameter: ``<name>_grad``, the gradient of the scalar float output ``loss``,
+    with the parameter's shape and element type. ``wrt`` names the initializers (or float
+    inputs) to differentiate; by default every float initializer the loss depends on.
+    Every emitted op is a standard ONNX op. Raises :class:`UserError` on bad input or an op
+    on the path without a gradient rule (before anything is built)."""
+    proto, base_dir, _ = io.read_model(model, "differentiate")
+    if base_dir is not None:
+        onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+    return gradient_proto(proto, loss, wrt)
+
+
+def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
+    """:func:`gradient_model` on a ModelProto that may be edited in place (external data may
+    stay on disk)."""
+    proto = ensure_opset(proto, MIN_OPSET)
+    backprop = add_backward(proto, loss, wrt)
+    graph = proto.graph
+    taken = {o.name for o in graph.output} | backprop.builder.names.taken
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    shapes.update((i.name, _dims(i)) for i in graph.input)
+    for param, grad in backprop.grads.items():
+        name = f"{param}_grad"
+        if name in taken and name != grad:
+            raise UserError(f"cannot name the gradient of {param!r} {name!r}: the model has a value by that name")
+        backprop.builder.op("Identity", grad, outputs=[name])
+        elem_type = backprop.builder.types[grad]
+        graph.output.append(helper.make_tensor_value_info(name, elem_type, shapes.get(param)))
+    graph.node.extend(backprop.builder.nodes)
+    return proto
+
+
+def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None,
+                 seed: str | None = None) -> Backprop:
+    """Build the backward pass of ``loss`` with respect to ``wrt`` into the returned builder,
+    whose nodes the caller appends to ``proto``'s graph (rules that differentiate through an
+    If also export values from its branches, in place). ``seed`` names a value shaped like
+    the loss that seeds its gradient (a loss scale); ones by default."""
+    index = typed_index(proto)
+    outputs = {o.name for o in proto.graph.output}
+    if loss not in outputs:
+        raise UserError(f"loss {loss!r} is not an output of the model (outputs: {', '.join(sorted(outputs))})")
+    loss_key = (0, loss)
+    loss_value = index.values[loss_key]
+    if loss_value.elem_type not in FLOAT_TYPES:
+        raise UserError(f"loss {loss!r} is not a float tensor: it cannot be differentiated")
+    types = {v.name: v.elem_type for v in index.all_values() if v.elem_type}
+    engine = Backward(index, types)
+    shape = engine.shapes.get(loss_key)
+    if shape is not None and not all(d == 1 for d in shape):
+        raise UserError(f"loss {loss!r} must be a scalar (one element); its shape is {list(shape)}")
+    targets = _targets(index, engine, loss_key, wrt)
+    engine.check(0, [loss_key], targets)
+    opset = index.opsets.get("", MIN_OPSET)
+    b = GraphBuilder(Names.of_model(proto), opset, types, prefix="grad_")
+    if seed is None:
+        seed = b.op("ConstantOfShape", b.op("Shape", loss), value=numpy_helper.from_array(
+            np.ones(1, helper.tensor_dtype_to_np_dtype(loss_value.elem_type))))
+    found = engine.run(0, {loss_key: seed}, targets, b)
+    grads = {key[1]: found[key] if key in found else b.zeros_like(key[1]) for key in targets}
+    return Backprop(grads, b)
+
+
+def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | None) -> list[ValueKey]:
+    """The parameters: named ones (checked), or every float initializer the loss depends on."""
+    if wrt is None:
+        candidates = [k for k, v in index.values.items()
+                      if k[0] == 0 and v.source == INITIALIZER and v.elem_type in FLOAT_TYPES]
+        _, _, needed = engine.plan(0, [loss_key], candidates)
+        found = [k for k in candidates if k in needed]
+        if not found:
+            raise UserError(f"the loss {loss_key[1]!r} depends on no float initializer: nothing to differentiate")
+        return found
+    targets = []
+    for name in dict.fromkeys(wrt):
+        value = index.values.get((0, name))
+        if value is None or value.source not in (INITIALIZER, GRAPH_INPUT):
+            raise UserError(f"--wrt {name!r} is not an initializer or input of the model")
+        if value.elem_type not in FLOAT_TYPES:
+            raise UserError(f"--wrt {name!r} is not a float tensor: it has no gradient")
+        targets.append(value.key)
+    return targets
+
+
+def _dims(info: onnx.ValueInfoProto) -> list | None:
+    if not info.type.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in info.type.tensor_type.shape.dim]
+

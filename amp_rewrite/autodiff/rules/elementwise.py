@@ -1,0 +1,204 @@
+"""Gradient rules: elementwise ops (unary, broadcasting binary and variadic), and ops with no gradient.
+
+Unary rules are one line: ``unary(op, d)`` with ``d(ctx, b)`` building dy/dx
+(from ``I(0)`` and ``O(0)``) that multiplies ``GO(0)``; ``masked(op, m)`` passes
+``GO(0)`` where the mask holds and zero elsewhere (``Where``, so an inf or NaN
+gradient never meets a zero factor). Broadcasting inputs get their gradient
+summed back to their own shape by ``ctx.unbroadcast``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.registry import no_gradient, register
+from amp_rewrite.ir.builder import GraphBuilder
+
+
+def unary(op: str, derivative, since: int = 1, constant: tuple[int, ...] = ()) -> None:
+    """GI(0) = GO(0) * derivative(ctx, b)."""
+
+    @register(op, since=since, constant=constant)
+    def build(ctx: Context):
+        return {0: ctx.b.op("Mul", ctx.GO(0), derivative(ctx, ctx.b))}
+
+
+def masked(op: str, mask, constant: tuple[int, ...] = ()) -> None:
+    """GI(0) = GO(0) where mask(ctx, b) holds, else 0."""
+
+    @register(op, constant=constant)
+    def build(ctx: Context):
+        return {0: where(ctx, mask(ctx, ctx.b), ctx.GO(0))}
+
+
+def where(ctx: Context, condition: str, grad: str, otherwise: str | None = None) -> str:
+    """``grad`` where ``condition`` holds, else ``otherwise`` (zero by default)."""
+    return ctx.b.op("Where", condition, grad, otherwise or ctx.b.const(0.0, like=grad))
+
+
+def _zero(ctx: Context) -> str:
+    return ctx.b.const(0.0, like=ctx.I(0))
+
+
+# -- unary ------------------------------------------------------------------------------------------
+register("Identity")(lambda ctx: {0: ctx.GO(0)})
+register("Neg")(lambda ctx: {0: ctx.b.op("Neg", ctx.GO(0))})
+unary("Abs", lambda ctx, b: b.op("Sign", ctx.I(0)))
+unary("Exp", lambda ctx, b: ctx.O(0))
+unary("Log", lambda ctx, b: b.op("Reciprocal", ctx.I(0)))
+unary("Sqrt", lambda ctx, b: b.op("Div", b.const(0.5, like=ctx.O(0)), ctx.O(0)))
+unary("Reciprocal", lambda ctx, b: b.op("Neg", b.op("Mul", ctx.O(0), ctx.O(0))))
+unary("Sigmoid", lambda ctx, b: b.op("Mul", ctx.O(0), b.op("Sub", b.const(1.0, like=ctx.O(0)), ctx.O(0))))
+unary("Tanh", lambda ctx, b: b.op("Sub", b.const(1.0, like=ctx.O(0)), b.op("Mul", ctx.O(0), ctx.O(0))))
+unary("Erf", lambda ctx, b: b.op("Mul", b.const(2 / math.sqrt(math.pi), like=ctx.I(0)),
+                                 b.op("Exp", b.op("Neg", b.op("Mul", ctx.I(0), ctx.I(0))))))
+unary("Softplus", lambda ctx, b: b.op("Sigmoid", ctx.I(0)))
+unary("Sin", lambda ctx, b: b.op("Cos", ctx.I(0)))
+unary("Cos", lambda ctx, b: b.op("Neg", b.op("Sin", ctx.I(0))))
+unary("Softsign", lambda ctx, b: b.op("Reciprocal", _square(b, b.op("Add", b.const(1.0, like=ctx.I(0)),
+                                                                     b.op("Abs", ctx.I(0))))))
+masked("Relu", lambda ctx, b: b.op("Greater", ctx.I(0), _zero(ctx)))
+
+
+def _square(b: GraphBuilder, x: str) -> str:
+    return b.op("Mul", x, x)
+
+
+@register("HardSigmoid")
+def _hard_sigmoid(ctx: Context):
+    b = ctx.b
+    inside = b.op("And", b.op("Greater", ctx.O(0), _zero(ctx)), b.op("Less", ctx.O(0), b.const(1.0, like=ctx.O(0))))
+    return {0: where(ctx, inside, ctx.scale(ctx.GO(0), ctx.attr("alpha", 0.2)))}
+
+
+@register("LeakyRelu")
+def _leaky_relu(ctx: Context):
+    alpha = ctx.attr("alpha", 0.01)
+    return {0: where(ctx, ctx.b.op("Greater", ctx.I(0), _zero(ctx)), ctx.GO(0), ctx.scale(ctx.GO(0), alpha))}
+
+
+@register("Elu")
+def _elu(ctx: Context):
+    b, x, y = ctx.b, ctx.I(0), ctx.O(0)
+    alpha = b.const(ctx.attr("alpha", 1.0), like=x)
+    return {0: where(ctx, b.op("Greater", x, _zero(ctx)), ctx.GO(0), b.op("Mul", ctx.GO(0), b.op("Add", y, alpha)))}
+
+
+@register("HardSwish")
+def _hard_swish(ctx: Context):
+    """y = x * clip(x/6 + 1/2, 0, 1): dy/dx is 0 below -3, 1 above 3, x/3 + 1/2 between."""
+    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
+    slope = b.op("Add", b.op("Div", x, b.const(3.0, like=x)), b.const(0.5, like=x))
+    inner = b.op("Mul", g, slope)
+    return {0: where(ctx, b.op("Greater", x, b.const(3.0, like=x)), g,
+                     where(ctx, b.op("Less", x, b.const(-3.0, like=x)), b.const(0.0, like=g), inner))}
+
+
+@register("Clip", since=11, constant=(1, 2))
+def _clip(ctx: Context):
+    return {0: where(ctx, _inside(ctx, ctx.I(1) or None, ctx.I(2) or None), ctx.GO(0))}
+
+
+def _inside(ctx: Context, low: str | None, high: str | None) -> str:
+    b, x = ctx.b, ctx.I(0)
+    tests = ([b.op("GreaterOrEqual", x, low)] if low else []) + ([b.op("LessOrEqual", x, high)] if high else [])
+    if not tests:
+        return b.op("Equal", x, x)
+    return tests[0] if len(tests) == 1 else b.op("And", *tests)
+
+
+@register("Pow", constant=(1,))
+def _pow(ctx: Context):
+    """d(x^p)/dx = p * x^(p-1), the exponent a constant (cast like the base)."""
+    b, x = ctx.b, ctx.I(0)
+    p = ctx.I(1) if ctx.b.types.get(ctx.I(1)) == ctx.b.types.get(x) else b.op("CastLike", ctx.I(1), x)
+    slope = b.op("Mul", p, b.op("Pow", x, b.op("Sub", p, b.const(1.0, like=x))))
+    return {0: ctx.unbroadcast(b.op("Mul", ctx.GO(0), slope), x, ctx.O(0))}
+
+
+@register("PRelu")
+def _prelu(ctx: Context):
+    b, x, slope = ctx.b, ctx.I(0), ctx.I(1)
+    positive = b.op("Greater", x, _zero(ctx))
+    grads = {}
+    if ctx.wants(0):
+        grads[0] = ctx.unbroadcast(where(ctx, positive, ctx.GO(0), b.op("Mul", ctx.GO(0), slope)), x, ctx.O(0))
+    if ctx.wants(1):
+        grads[1] = ctx.unbroadcast(where(ctx, positive, b.const(0.0, like=x), b.op("Mul", ctx.GO(0), x)),
+                                   slope, ctx.O(0))
+    return grads
+
+
+# -- broadcasting binary and variadic ---------------------------------------------------------------
+@register("Add", "Sum")
+def _add(ctx: Context):
+    return {i: ctx.unbroadcast(ctx.GO(0), ctx.I(i), ctx.O(0)) for i in range(ctx.input_count) if ctx.wants(i)}
+
+
+@register("Mean")
+def _mean(ctx: Context):
+    share = ctx.scale(ctx.GO(0), 1 / ctx.input_count)
+    return {i: ctx.unbroadcast(share, ctx.I(i), ctx.O(0)) for i in range(ctx.input_count) if ctx.wants(i)}
+
+
+@register("Sub")
+def _sub(ctx: Context):
+    grads = {}
+    if ctx.wants(0):
+        grads[0] = ctx.unbroadcast(ctx.GO(0), ctx.I(0), ctx.O(0))
+    if ctx.wants(1):
+        grads[1] = ctx.unbroadcast(ctx.b.op("Neg", ctx.GO(0)), ctx.I(1), ctx.O(0))
+    return grads
+
+
+@register("Mul")
+def _mul(ctx: Context):
+    b = ctx.b
+    return {i: ctx.unbroadcast(b.op("Mul", ctx.GO(0), ctx.I(1 - i)), ctx.I(i), ctx.O(0))
+            for i in (0, 1) if ctx.wants(i)}
+
+
+@register("Div")
+def _div(ctx: Context):
+    b, y = ctx.b, ctx.O(0)
+    grads = {}
+    over = b.op("Div", ctx.GO(0), ctx.I(1))
+    if ctx.wants(0):
+        grads[0] = ctx.unbroadcast(over, ctx.I(0), y)
+    if ctx.wants(1):  # d(a/b)/db = -(a/b)/b
+        grads[1] = ctx.unbroadcast(b.op("Neg", b.op("Mul", over, y)), ctx.I(1), y)
+    return grads
+
+
+@register("Max", "Min")
+def _select(ctx: Context):
+    """The gradient goes to the input whose value was selected."""
+    b = ctx.b
+    return {i: ctx.unbroadcast(where(ctx, b.op("Equal", ctx.I(i), ctx.O(0)), ctx.GO(0)), ctx.I(i), ctx.O(0))
+            for i in range(ctx.input_count) if ctx.wants(i)}
+
+
+@register("Where")
+def _where(ctx: Context):
+    b, g = ctx.b, ctx.GO(0)
+    zero = b.const(0.0, like=g)
+    grads = {}
+    if ctx.wants(1):
+        grads[1] = ctx.unbroadcast(b.op("Where", ctx.I(0), g, zero), ctx.I(1), ctx.O(0))
+    if ctx.wants(2):
+        grads[2] = ctx.unbroadcast(b.op("Where", ctx.I(0), zero, g), ctx.I(2), ctx.O(0))
+    return grads
+
+
+@register("Cast")
+@register("CastLike", constant=(1,))
+def _cast(ctx: Context):
+    """The gradient returns to the input's type: a float32 weight read through a Cast to
+    float16 gets a float32 gradient."""
+    x = ctx.I(0)
+    return {0: ctx.b.op("Cast", ctx.GO(0), to=ctx.b.types[x])}
+
+
+no_gradient("Floor", "Ceil", "Round", "Sign", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "EyeLike",
+            "Range", "OneHot")

@@ -1,0 +1,1 @@
+"""Gradient rules: norm (being written)."""
