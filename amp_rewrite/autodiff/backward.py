@@ -20,7 +20,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from amp_rewrite.autodiff import rules as _rules  # noqa: F401 (registers the rules)
-from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.context import Context, total
 from amp_rewrite.autodiff.registry import Rule, lookup, missing_rule_error
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
 from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
@@ -162,13 +162,9 @@ class Backward:
                 continue
             keys = self.input_keys(node)
             wanted = [k in active and self.differentiable(node, i, k) for i, k in enumerate(keys)]
-            ctx = Context(self, node.proto, graph_id, b, [k[1] if k else "" for k in keys], go, wanted)
+            ctx = Context(self, node, graph_id, b, [k[1] if k else "" for k in keys], go, wanted)
             for i, grad in self.rule(node).build(ctx).items():
                 if grad is not None and wanted[i]:
                     grads[keys[i]].append(grad)
         return {t: total(b, grads[t]) for t in targets if grads.get(t)}
 
-
-def total(b: GraphBuilder, parts: list[str]) -> str:
-    """One value for the contributions to a gradient: a single ``Sum`` of them all."""
-    return parts[0] if len(parts) == 1 else b.op("Sum", *parts)

@@ -16,22 +16,24 @@ import onnx
 from onnx import helper
 
 from amp_rewrite.ir.builder import GraphBuilder
+from amp_rewrite.ir.graph import Node
 
 if TYPE_CHECKING:
     from amp_rewrite.autodiff.backward import Backward
 
 
 class Context:
-    def __init__(self, engine: Backward, node: onnx.NodeProto, graph_id: int, b: GraphBuilder,
+    def __init__(self, engine: Backward, node: Node, graph_id: int, b: GraphBuilder,
                  inputs: Sequence[str], grads: Sequence[str | None], wanted: Sequence[bool]) -> None:
         self.engine = engine
-        self.node = node
+        self.indexed = node
+        self.node = node.proto
         self.graph_id = graph_id
         self.b = b
         self._inputs = list(inputs)
         self._grads = list(grads)
         self._wanted = list(wanted)
-        self._attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._attributes = {a.name: helper.get_attribute_value(a) for a in node.proto.attribute}
 
     # -- the vocabulary ----------------------------------------------------------------------------
     def I(self, i: int) -> str:  # noqa: E743, N802 (the registry's vocabulary)
@@ -119,3 +121,8 @@ class Context:
     def scale(self, grad: str, factor: float) -> str:
         """``grad * factor`` (nothing when the factor is 1)."""
         return grad if factor == 1 else self.b.op("Mul", grad, self.b.const(factor, like=grad))
+
+
+def total(b: GraphBuilder, parts: Sequence[str]) -> str:
+    """One value for the contributions to a gradient: a single ``Sum`` of them all."""
+    return parts[0] if len(parts) == 1 else b.op("Sum", *parts)
