@@ -15,52 +15,47 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from amp_rewrite.ir.builder import GraphBuilder, Names
+
 OPSET = 17
 FLOAT = TensorProto.FLOAT
 
 
-class _Graph:
-    """A tiny graph builder: names values, collects nodes and initializers."""
+class _Graph(GraphBuilder):
+    """``GraphBuilder`` nodes (unique names, element types), with weights and other constants as
+    initializers drawn from a seeded generator (sample models keep their weights out of the graph)."""
 
     def __init__(self, seed: int = 0, placeholder_weights: bool = False) -> None:
+        super().__init__(Names(), OPSET)
         self.placeholder_weights = placeholder_weights
-        self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.rng = np.random.default_rng(seed)
-        self._count = 0
 
-    def name(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
-
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
-        outs = [self.name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(
-            helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs)
-        )
-        return outs[0] if n_out == 1 else outs
-
-    def const(self, array: np.ndarray, hint: str = "w") -> str:
-        name = self.name(hint)
-        self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+    def initializer(self, array: np.ndarray, hint: str = "w") -> str:
+        name = self.names.fresh(hint)
+        tensor = numpy_helper.from_array(np.asarray(array), name)
+        self.initializers.append(tensor)
+        self.types[name] = tensor.data_type
         return name
 
     def weight(self, *shape: int, scale: float | None = None) -> str:
         fan_in = shape[0] if len(shape) == 2 else int(np.prod(shape[1:]))
         std = scale if scale is not None else 1.0 / math.sqrt(max(fan_in, 1))
         if self.placeholder_weights and len(shape) == 2:
-            name = self.name("w")
+            name = self.names.fresh("w")
             placeholder = TensorProto(name=name, data_type=FLOAT)
             placeholder.dims.extend(shape)
             self.initializers.append(placeholder)
+            self.types[name] = FLOAT
             return name
-        return self.const((self.rng.standard_normal(shape) * std).astype(np.float32))
+        return self.initializer((self.rng.standard_normal(shape) * std).astype(np.float32))
 
     def scalar(self, value: float) -> str:
-        return self.const(np.array(value, dtype=np.float32), "c")
+        return self.initializer(np.array(value, dtype=np.float32), "c")
 
-    def ints(self, *values: int) -> str:
-        return self.const(np.array(values, dtype=np.int64), "shape")
+    def dims(self, *values: int) -> str:
+        """A 1-D int64 initializer (a Reshape target)."""
+        return self.initializer(np.array(values, dtype=np.int64), "shape")
 
     def model(self, name, inputs, outputs, opset: int = OPSET) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
@@ -80,21 +75,15 @@ def seed_cnn(image_size: int = 256, batch: int | str = "batch", classes: int = 1
     g = _Graph(seed=1)
     x = "image"
     for channels_in, channels_out, kernel in ((3, 64, 7), (64, 128, 11)):
-        conv = g.op(
-            "Conv", [x, g.weight(channels_out, channels_in, kernel, kernel), g.weight(channels_out, scale=0.1)],
-            strides=[2, 2], auto_pad="SAME_UPPER",
-        )
-        act = g.op("Relu", [conv])
+        conv = g.op("Conv", x, g.weight(channels_out, channels_in, kernel, kernel), g.weight(channels_out, scale=0.1),
+                    strides=[2, 2], auto_pad="SAME_UPPER")
+        act = g.op("Relu", conv)
         ones = np.ones(channels_out, np.float32)
-        x = g.op(
-            "BatchNormalization",
-            [act, g.const(ones * 1.1), g.const(ones * 0.05), g.const(ones * 0.2), g.const(ones * 0.9)],
-            epsilon=1e-3,
-        )
-    pooled = g.op("GlobalAveragePool", [x])
-    flat = g.op("Flatten", [pooled], axis=1)
-    logits = g.op("Gemm", [flat, g.weight(128, classes), g.weight(classes, scale=0.1)])
-    g.nodes.append(helper.make_node("Softmax", [logits], ["probabilities"], axis=-1, name="softmax"))
+        x = g.op("BatchNormalization", act, g.initializer(ones * 1.1), g.initializer(ones * 0.05),
+                 g.initializer(ones * 0.2), g.initializer(ones * 0.9), epsilon=1e-3)
+    flat = g.op("Flatten", g.op("GlobalAveragePool", x), axis=1)
+    logits = g.op("Gemm", flat, g.weight(128, classes), g.weight(classes, scale=0.1))
+    g.op("Softmax", logits, outputs=["probabilities"], name="softmax", axis=-1)
     return g.model(
         "seed_cnn",
         [_tensor("image", [batch, 3, image_size, image_size])],
@@ -108,52 +97,52 @@ def mlp(features: int = 64, hidden: int = 128, classes: int = 10, layers: int = 
     x, width = "x", features
     for i in range(layers):
         if i % 2 == 0:
-            x = g.op("Gemm", [x, g.weight(width, hidden), g.weight(hidden, scale=0.1)])
+            x = g.op("Gemm", x, g.weight(width, hidden), g.weight(hidden, scale=0.1))
         else:
-            x = g.op("Add", [g.op("MatMul", [x, g.weight(width, hidden)]), g.weight(hidden, scale=0.1)])
-        x, width = g.op("Relu", [x]), hidden
-    logits = g.op("MatMul", [x, g.weight(width, classes)])
-    g.nodes.append(helper.make_node("LogSoftmax", [logits], ["log_probs"], axis=-1, name="log_softmax"))
+            x = g.op("Add", g.op("MatMul", x, g.weight(width, hidden)), g.weight(hidden, scale=0.1))
+        x, width = g.op("Relu", x), hidden
+    logits = g.op("MatMul", x, g.weight(width, classes))
+    g.op("LogSoftmax", logits, outputs=["log_probs"], name="log_softmax", axis=-1)
     return g.model("mlp", [_tensor("x", ["batch", features])], [_tensor("log_probs", ["batch", classes])])
 
 
 def _layer_norm(g: _Graph, x: str, width: int, fused: bool) -> str:
-    scale, bias = g.const(np.ones(width, np.float32)), g.const(np.zeros(width, np.float32))
+    scale, bias = g.initializer(np.ones(width, np.float32)), g.initializer(np.zeros(width, np.float32))
     if fused:
-        return g.op("LayerNormalization", [x, scale, bias], axis=-1, epsilon=1e-5)
-    mean = g.op("ReduceMean", [x], axes=[-1])
-    centered = g.op("Sub", [x, mean])
-    variance = g.op("ReduceMean", [g.op("Pow", [centered, g.scalar(2.0)])], axes=[-1])
-    std = g.op("Sqrt", [g.op("Add", [variance, g.scalar(1e-5)])])
-    return g.op("Add", [g.op("Mul", [g.op("Div", [centered, std]), scale]), bias])
+        return g.op("LayerNormalization", x, scale, bias, axis=-1, epsilon=1e-5)
+    mean = g.op("ReduceMean", x, axes=[-1])
+    centered = g.op("Sub", x, mean)
+    variance = g.op("ReduceMean", g.op("Pow", centered, g.scalar(2.0)), axes=[-1])
+    std = g.op("Sqrt", g.op("Add", variance, g.scalar(1e-5)))
+    return g.op("Add", g.op("Mul", g.op("Div", centered, std), scale), bias)
 
 
 def _gelu_erf(g: _Graph, x: str) -> str:
-    erf = g.op("Erf", [g.op("Div", [x, g.scalar(math.sqrt(2.0))])])
-    return g.op("Mul", [g.op("Mul", [x, g.op("Add", [erf, g.scalar(1.0)])]), g.scalar(0.5)])
+    erf = g.op("Erf", g.op("Div", x, g.scalar(math.sqrt(2.0))))
+    return g.op("Mul", g.op("Mul", x, g.op("Add", erf, g.scalar(1.0))), g.scalar(0.5))
 
 
 def _encoder_block(g: _Graph, x: str, width: int, heads: int, mask: str | None, fused_ln: bool) -> str:
     head_dim = width // heads
-    split_heads = g.ints(0, -1, heads, head_dim)
+    split_heads = g.dims(0, -1, heads, head_dim)
 
     def project_heads(source: str) -> str:
-        projected = g.op("Add", [g.op("MatMul", [source, g.weight(width, width)]), g.weight(width, scale=0.02)])
-        return g.op("Transpose", [g.op("Reshape", [projected, split_heads])], perm=[0, 2, 1, 3])
+        projected = g.op("Add", g.op("MatMul", source, g.weight(width, width)), g.weight(width, scale=0.02))
+        return g.op("Transpose", g.op("Reshape", projected, split_heads), perm=[0, 2, 1, 3])
 
     q, k, v = project_heads(x), project_heads(x), project_heads(x)
-    kt = g.op("Transpose", [k], perm=[0, 1, 3, 2])
-    scores = g.op("Div", [g.op("MatMul", [q, kt]), g.scalar(math.sqrt(head_dim))])
+    kt = g.op("Transpose", k, perm=[0, 1, 3, 2])
+    scores = g.op("Div", g.op("MatMul", q, kt), g.scalar(math.sqrt(head_dim)))
     if mask is not None:
-        scores = g.op("Add", [scores, mask])
-    attn = g.op("Softmax", [scores], axis=-1)
-    context = g.op("Transpose", [g.op("MatMul", [attn, v])], perm=[0, 2, 1, 3])
-    merged = g.op("Reshape", [context, g.ints(0, -1, width)])
-    out = g.op("Add", [g.op("MatMul", [merged, g.weight(width, width)]), g.weight(width, scale=0.02)])
-    x = _layer_norm(g, g.op("Add", [x, out]), width, fused_ln)
-    hidden = g.op("Add", [g.op("MatMul", [x, g.weight(width, 4 * width)]), g.weight(4 * width, scale=0.02)])
-    ffn = g.op("Add", [g.op("MatMul", [_gelu_erf(g, hidden), g.weight(4 * width, width)]), g.weight(width, scale=0.02)])
-    return _layer_norm(g, g.op("Add", [x, ffn]), width, fused_ln)
+        scores = g.op("Add", scores, mask)
+    attn = g.op("Softmax", scores, axis=-1)
+    context = g.op("Transpose", g.op("MatMul", attn, v), perm=[0, 2, 1, 3])
+    merged = g.op("Reshape", context, g.dims(0, -1, width))
+    out = g.op("Add", g.op("MatMul", merged, g.weight(width, width)), g.weight(width, scale=0.02))
+    x = _layer_norm(g, g.op("Add", x, out), width, fused_ln)
+    hidden = g.op("Add", g.op("MatMul", x, g.weight(width, 4 * width)), g.weight(4 * width, scale=0.02))
+    ffn = g.op("Add", g.op("MatMul", _gelu_erf(g, hidden), g.weight(4 * width, width)), g.weight(width, scale=0.02))
+    return _layer_norm(g, g.op("Add", x, ffn), width, fused_ln)
 
 
 def transformer(
@@ -182,7 +171,7 @@ def transformer(
         x = _encoder_block(g, x, width, heads, mask, fused_layer_norm)
         if expose_blocks:
             outputs.append(_tensor(x, ["batch", seq, width]))
-    g.nodes.append(helper.make_node("Identity", [x], ["hidden_out"], name="output"))
+    g.op("Identity", x, outputs=["hidden_out"], name="output")
     outputs.append(_tensor("hidden_out", ["batch", seq, width]))
     inputs = [_tensor("hidden_in", ["batch", seq, width])]
     if with_mask:
@@ -193,32 +182,29 @@ def transformer(
 def control_flow(width: int = 16) -> onnx.ModelProto:
     """If and Loop subgraphs whose bodies compute on a tensor captured from the outer graph."""
     g = _Graph(seed=4)
-    projected = g.op("MatMul", ["x", g.weight(width, width)])
+    projected = g.op("MatMul", "x", g.weight(width, width), outputs=["projected"])
     weight = g.weight(width, width)
 
-    then_branch = helper.make_graph(
-        [helper.make_node("MatMul", [projected, weight], ["then_mm"], name="then_matmul"),
-         helper.make_node("Relu", ["then_mm"], ["then_out"], name="then_relu")],
-        "then_branch", [], [_tensor("then_out", None)],
-    )
-    else_branch = helper.make_graph(
-        [helper.make_node("Softmax", [projected], ["else_out"], axis=-1, name="else_softmax")],
-        "else_branch", [], [_tensor("else_out", None)],
-    )
-    branched = g.op("If", ["use_matmul"], then_branch=then_branch, else_branch=else_branch)
+    then = g.child()
+    then_out = then.op("Relu", then.op("MatMul", projected, weight, name="then_matmul"), name="then_relu")
+    otherwise = g.child()
+    else_out = otherwise.op("Softmax", projected, name="else_softmax", axis=-1)
+    branched = g.op("If", "use_matmul",
+                    then_branch=helper.make_graph(then.nodes, "then_branch", [], [_tensor(then_out, None)]),
+                    else_branch=helper.make_graph(otherwise.nodes, "else_branch", [], [_tensor(else_out, None)]))
 
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["carried", weight], ["body_mm"], name="body_matmul"),
-         helper.make_node("Tanh", ["body_mm"], ["body_tanh"], name="body_tanh"),
-         helper.make_node("Add", ["body_tanh", projected], ["carried_out"], name="body_add"),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond")],
-        "loop_body",
+    body = g.child()
+    tanh = body.op("Tanh", body.op("MatMul", "carried", weight, name="body_matmul"), name="body_tanh")
+    carried_out = body.op("Add", tanh, projected, name="body_add")
+    cond_out = body.op("Identity", "cond_in", name="body_cond")
+    loop_body = helper.make_graph(
+        body.nodes, "loop_body",
         [_tensor("iteration", [], TensorProto.INT64), _tensor("cond_in", [], TensorProto.BOOL),
          _tensor("carried", ["batch", width])],
-        [_tensor("cond_out", [], TensorProto.BOOL), _tensor("carried_out", ["batch", width])],
+        [_tensor(cond_out, [], TensorProto.BOOL), _tensor(carried_out, ["batch", width])],
     )
-    looped = g.op("Loop", [g.const(np.array(3, np.int64), "trips"), "", branched], body=body)
-    g.nodes.append(helper.make_node("Add", [looped, projected], ["y"], name="final_add"))
+    looped = g.op("Loop", g.initializer(np.array(3, np.int64), "trips"), None, branched, body=loop_body)
+    g.op("Add", looped, projected, outputs=["y"], name="final_add")
     return g.model(
         "control_flow",
         [_tensor("x", ["batch", width]), _tensor("use_matmul", [], TensorProto.BOOL)],
@@ -229,11 +215,11 @@ def control_flow(width: int = 16) -> onnx.ModelProto:
 def dynamic_batch(features: int = 32) -> onnx.ModelProto:
     """An MLP whose batch dimension is symbolic, reshaped through a Shape-computed target."""
     g = _Graph(seed=5)
-    h = g.op("Relu", [g.op("Gemm", ["x", g.weight(features, features), g.weight(features, scale=0.1)])])
-    batch_dim = g.op("Gather", [g.op("Shape", [h]), g.const(np.array([0], np.int64), "idx")], axis=0)
-    target = g.op("Concat", [batch_dim, g.ints(4, features // 4)], axis=0)
-    grouped = g.op("Reshape", [h, target])
-    g.nodes.append(helper.make_node("ReduceMax", [grouped], ["y"], axes=[2], keepdims=0, name="reduce_max"))
+    h = g.op("Relu", g.op("Gemm", "x", g.weight(features, features), g.weight(features, scale=0.1)))
+    batch_dim = g.op("Gather", g.op("Shape", h), g.initializer(np.array([0], np.int64), "idx"), axis=0)
+    target = g.op("Concat", batch_dim, g.dims(4, features // 4), axis=0)
+    grouped = g.op("Reshape", h, target)
+    g.op("ReduceMax", grouped, outputs=["y"], name="reduce_max", axes=[2], keepdims=0)
     return g.model("dynamic_batch", [_tensor("x", ["N", features])], [_tensor("y", ["N", 4])])
 
 

@@ -124,10 +124,10 @@ def test_inspect_prints_every_decision_and_explains_one(sample: Path) -> None:
 
 def test_keep_fp32_flags_reach_the_coloring(sample: Path, tmp_path: Path) -> None:
     out = tmp_path / "o.onnx"
-    done = amp("convert", str(sample), "-o", str(out), "--keep-fp32-op", "MatMul", "--keep-fp32-node", "Gemm_.*",
+    done = amp("convert", str(sample), "-o", str(out), "--keep-fp32-op", "MatMul", "--keep-fp32-node", "gemm_.*",
                "--report", str(tmp_path / "r.json"))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     kept = {d["node"]: d["reason"] for d in report["fp32_reasons"]}
     assert any("--keep-fp32-op MatMul" in r for r in kept.values())
-    assert any("--keep-fp32-node Gemm_.*" in r for r in kept.values())
+    assert any("--keep-fp32-node gemm_.*" in r for r in kept.values())

@@ -66,9 +66,9 @@ def test_value_captured_by_subgraphs_is_cast_once_in_its_own_scope() -> None:
     outer_names = {o for n in mixed.graph.node for o in n.output} | {i.name for i in mixed.graph.input}
     bodies = list(_graphs(mixed.graph))[1:]
     inner_reads = {i for g in bodies for n in g.node for i in n.input}
-    assert "matmul_2" in inner_reads, "the bodies read the outer MatMul's output"
+    assert "projected" in inner_reads, "the bodies read the outer MatMul's output"
     assert not any(n.op_type == "Cast" and n.input[0] in outer_names for g in bodies for n in g.node)
-    casts = [n for g in _graphs(mixed.graph) for n in g.node if n.op_type == "Cast" and n.input[0] == "matmul_2"]
+    casts = [n for g in _graphs(mixed.graph) for n in g.node if n.op_type == "Cast" and n.input[0] == "projected"]
     assert len(casts) == 1 and casts[0] in list(mixed.graph.node)
     loop_body = next(a.g for n in mixed.graph.node if n.op_type == "Loop" for a in n.attribute)
     assert [o.type.tensor_type.elem_type for o in loop_body.output] == [9, 1], "body signature kept"

@@ -12,8 +12,10 @@ node computes in float32 as Tensor Core kernels accumulate.
 from __future__ import annotations
 
 import onnx
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+import onnx.defs
+from onnx import AttributeProto, TensorProto, numpy_helper
 
+from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import INITIALIZER, NODE, ModelIndex, PendingInserts, Value
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE, op_key
@@ -31,9 +33,10 @@ def emulated(mixed: onnx.ModelProto) -> onnx.ModelProto:
     model.CopyFrom(mixed)
     index = typed_index(model)
     inserts = PendingInserts()
+    builder = GraphBuilder(Names.of_model(model), index.opsets.get("", onnx.defs.onnx_opset_version()))
     for value in list(index.all_values()):
         if value.elem_type in LOW_TYPES:
-            _rewrite(index, value, inserts)
+            _rewrite(index, value, inserts, builder)
     for graph in index.graphs:
         graph.proto.ClearField("value_info")
         for info in (*graph.proto.input, *graph.proto.output) if graph.id else ():
@@ -42,32 +45,36 @@ def emulated(mixed: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _rewrite(index: ModelIndex, value: Value, inserts: PendingInserts) -> None:
+def _rewrite(index: ModelIndex, value: Value, inserts: PendingInserts, builder: GraphBuilder) -> None:
     graph_id, name = value.key
     low = value.elem_type
     if value.source == NODE and not _is_constant(index, value):
         node = index.nodes[value.producer[0]]
         _compute_in_float(node.proto)
-        raw = name + _SUFFIX + "_raw"
+        raw = builder.names.fresh(name + _SUFFIX + "_raw")
         node.proto.output[value.producer[1]] = raw
+        rounding = builder.child()
         if graph_id == 0 and value.output_of:  # a graph output keeps its low type
-            inserts.after(index, value, [helper.make_node("Cast", [raw], [name], to=low)])
+            rounding.op("Cast", raw, outputs=[name], to=low)
+            inserts.after(index, value, rounding.nodes)
             if value.uses:
-                _redirect(index, value, inserts)
+                _redirect(index, value, inserts, builder)
             return
-        stored = name + _SUFFIX + "_stored"
-        inserts.after(index, value, [helper.make_node("Cast", [raw], [stored], to=low),
-                                     helper.make_node("Cast", [stored], [name], to=TensorProto.FLOAT)])
+        stored = rounding.op("Cast", raw, outputs=[builder.names.fresh(name + _SUFFIX + "_stored")], to=low)
+        rounding.op("Cast", stored, outputs=[name], to=TensorProto.FLOAT)
+        inserts.after(index, value, rounding.nodes)
         return
     if value.source == NODE or value.source == INITIALIZER or graph_id == 0:
-        _redirect(index, value, inserts)
+        _redirect(index, value, inserts, builder)
     # a low-typed subgraph input receives values that are already rounded float32: retyped with the graph
 
 
-def _redirect(index: ModelIndex, value: Value, inserts: PendingInserts) -> None:
+def _redirect(index: ModelIndex, value: Value, inserts: PendingInserts, builder: GraphBuilder) -> None:
     """Readers of a low value read its float32 copy instead (the copy is exact)."""
-    widened = value.name + _SUFFIX + "_f32"
-    inserts.after(index, value, [helper.make_node("Cast", [value.name], [widened], to=TensorProto.FLOAT)])
+    widening = builder.child()
+    widened = widening.op("Cast", value.name, outputs=[builder.names.fresh(value.name + _SUFFIX + "_f32")],
+                          to=TensorProto.FLOAT)
+    inserts.after(index, value, widening.nodes)
     for node_id, slot in value.uses:
         index.nodes[node_id].proto.input[slot] = widened
     for graph_id in value.output_of:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, TensorProto, helper
+import onnx.defs
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import ModelIndex, ValueKey
 from amp_rewrite.ir.types import typed_index
 
@@ -101,28 +103,42 @@ def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float) -
         name = builder.lift(key)
         if name is not None:
             stats[name] = key
+    builder.finish()
     return Exposed(copy, top, stats)
 
 
 class _StatBuilder:
+    """Makes the statistics nodes: one ``GraphBuilder`` per graph (model-wide names, constants
+    cached per graph), whose nodes are appended to their graph by ``finish``."""
+
     def __init__(self, index: ModelIndex, threshold: float) -> None:
         self.index = index
         self.threshold = threshold
-        self.count = 0
         self.owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
-        self.constants: dict[int, dict[str, str]] = {}
+        self.root = GraphBuilder(Names.of_model(index.model), index.opsets.get("", onnx.defs.onnx_opset_version()),
+                                 prefix=STAT_PREFIX + "_")
+        self.builders: dict[int, GraphBuilder] = {}
 
     def lift(self, key: ValueKey) -> str | None:
         """Reduce a nested value to its statistics and carry them to a top-level output."""
         graph_id, name = key
         if not self._liftable(graph_id):
             return None
-        graph = self.index.graphs[graph_id].proto
-        stat = self._stat_nodes(graph_id, graph, name)
+        stat = self._stat_nodes(self._builder(graph_id), name)
         while graph_id != 0:
             stat, graph_id = self._carry_out(graph_id, stat)
         self.index.model.graph.output.append(helper.make_tensor_value_info(stat, TensorProto.FLOAT, None))
         return stat
+
+    def finish(self) -> None:
+        """Append each graph's new nodes to it (they read only values defined before them)."""
+        for graph_id, builder in self.builders.items():
+            self.index.graphs[graph_id].proto.node.extend(builder.nodes)
+
+    def _builder(self, graph_id: int) -> GraphBuilder:
+        if graph_id not in self.builders:
+            self.builders[graph_id] = self.root.child()
+        return self.builders[graph_id]
 
     def _liftable(self, graph_id: int) -> bool:
         while graph_id != 0:
@@ -132,45 +148,17 @@ class _StatBuilder:
             graph_id = owner.graph
         return True
 
-    def _name(self, what: str) -> str:
-        self.count += 1
-        return f"{STAT_PREFIX}_{what}_{self.count}"
-
-    def _constant(self, graph_id: int, graph: onnx.GraphProto, label: str, values: list[float]) -> str:
-        cache = self.constants.setdefault(graph_id, {})
-        if label not in cache:
-            name = self._name(label)
-            dtype = TensorProto.INT64 if label == "flat" else TensorProto.FLOAT
-            graph.node.insert(0, helper.make_node("Constant", [], [name],
-                                                  value=helper.make_tensor(name, dtype, [len(values)], values)))
-            cache[label] = name
-        return cache[label]
-
-    def _stat_nodes(self, graph_id: int, graph: onnx.GraphProto, value: str) -> str:
-        """Append nodes computing [max |x|, nonzero count, count below threshold] (shape [3])."""
-        flat_shape = self._constant(graph_id, graph, "flat", [-1])
-        zero = self._constant(graph_id, graph, "zero", [0.0])
-        threshold = self._constant(graph_id, graph, "threshold", [self.threshold])
-        n = self._name
-        magnitude, flat, padded, peak = n("abs"), n("flat"), n("padded"), n("max")
-        nonzero, small, both = n("nonzero"), n("small"), n("both")
-        counts = [n("count"), n("count")]
-        out = n("stats")
-        graph.node.extend([
-            helper.make_node("Abs", [value], [magnitude]),
-            helper.make_node("Reshape", [magnitude, flat_shape], [flat]),
-            helper.make_node("Concat", [flat, zero], [padded], axis=0),
-            helper.make_node("ReduceMax", [padded], [peak], keepdims=1),
-            helper.make_node("Greater", [padded, zero], [nonzero + "_b"]),
-            helper.make_node("Cast", [nonzero + "_b"], [nonzero], to=TensorProto.FLOAT),
-            helper.make_node("Less", [padded, threshold], [small + "_b"]),
-            helper.make_node("Cast", [small + "_b"], [small], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [nonzero, small], [both]),
-            helper.make_node("ReduceSum", [nonzero], [counts[0]], keepdims=1),
-            helper.make_node("ReduceSum", [both], [counts[1]], keepdims=1),
-            helper.make_node("Concat", [peak, *counts], [out], axis=0),
-        ])
-        return out
+    def _stat_nodes(self, b: GraphBuilder, value: str) -> str:
+        """Nodes computing [max |x|, nonzero count, count below threshold] (shape [3])."""
+        zero = b.const(np.zeros(1, np.float32))
+        flat = b.op("Reshape", b.op("Abs", value), b.ints([-1]))
+        padded = b.op("Concat", flat, zero, axis=0)
+        peak = b.op("ReduceMax", padded, keepdims=1)
+        nonzero = b.op("Cast", b.op("Greater", padded, zero), to=TensorProto.FLOAT)
+        small = b.op("Cast", b.op("Less", padded, b.const(np.array([self.threshold], np.float32))),
+                     to=TensorProto.FLOAT)
+        counts = [b.op("ReduceSum", nonzero, keepdims=1), b.op("ReduceSum", b.op("Mul", nonzero, small), keepdims=1)]
+        return b.op("Concat", peak, *counts, axis=0)
 
     def _carry_out(self, graph_id: int, name: str) -> tuple[str, int]:
         """Make ``name`` an output of its body and of the owning node; return the node's new output."""
@@ -180,16 +168,14 @@ class _StatBuilder:
             body = attr.g
             if body_id == graph_id:
                 body.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-            else:  # the other If branch gives an empty stand-in
-                stand_in = self._name("none")
-                body.node.append(helper.make_node("Constant", [], [stand_in], value=helper.make_tensor(
-                    stand_in, TensorProto.FLOAT, [0], [])))
+            else:  # the other If branch gives an empty stand-in (one per output: outputs are distinct values)
+                stand_in = self._builder(body_id).op("Constant", value=numpy_helper.from_array(np.zeros(0, np.float32)))
                 body.output.append(helper.make_tensor_value_info(stand_in, TensorProto.FLOAT, None))
         if owner.op_type == "Scan":
             for attr in owner.proto.attribute:
                 if attr.name in _SCAN_OUTPUT_ATTRIBUTES:
                     attr.ints.append(0)
-        carried = self._name("carried")
+        carried = self.root.names.fresh(STAT_PREFIX + "_carried")
         owner.proto.output.append(carried)
         return carried, owner.graph
 

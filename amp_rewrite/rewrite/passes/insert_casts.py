@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, external_location, read_array
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
@@ -38,7 +39,10 @@ class InsertCasts:
         self.low = analysis.precision.onnx_type
         self.stats = RewriteStats()
         self.edits = PendingInserts()
-        self.taken = {name for _, name in analysis.index.values} | {n.proto.name for n in analysis.index.nodes}
+        index = analysis.index
+        # Every name the index knows, undefined outer references included (``Names.of_model`` misses those).
+        self.names = Names({name for _, name in index.values} | {n.proto.name for n in index.nodes})
+        self.builder = GraphBuilder(self.names, index.opsets.get("", _newest_opset(index.model)))
         self.infos = _value_infos(analysis)
         for value in list(analysis.index.all_values()):
             if analysis.is_float(value):
@@ -48,7 +52,7 @@ class InsertCasts:
                 _retype_attribute(analysis.index.nodes[node_id], self.low, analysis)
         self.edits.apply(analysis.index)
         if self.stats.casts and "" not in analysis.index.opsets:
-            _import_default_domain(analysis.index.model)
+            analysis.index.model.opset_import.add(domain="", version=self.builder.opset)
         return self.stats
 
     # -- per value ---------------------------------------------------------------------------
@@ -74,12 +78,12 @@ class InsertCasts:
         other = Color.FP32 if produced is Color.LOW else Color.LOW
         if other in output_color:
             # The graph output keeps the name: the producer's value is renamed and the cast takes the name.
-            new_name = self._unique(f"{value.name}_{_short(analysis, produced)}")
+            new_name = self.names.fresh(f"{value.name}_{_short(analysis, produced)}")
             self._rename(value, new_name, keep=needs[other])
             self._set_type(value.key[0], value.name, self._onnx_type(other))
             self._add_cast(value, new_name, value.name, other)
         elif needs.get(other):
-            cast_name = self._unique(f"{value.name}_{_short(analysis, other)}")
+            cast_name = self.names.fresh(f"{value.name}_{_short(analysis, other)}")
             for node_id, i in needs[other]:
                 analysis.index.nodes[node_id].proto.input[i] = cast_name
             self._add_cast(value, value.name, cast_name, other)
@@ -90,8 +94,9 @@ class InsertCasts:
         if producer is not None and producer.op_type == "Cast" and producer.domain == "":
             # Fold the chain: casting the Cast's own input rounds once, as the original model did.
             source = producer.proto.input[0]
-        node = helper.make_node("Cast", [source], [target], to=to, name=self._unique(f"{target}_cast"))
-        self.edits.after(self.analysis.index, value, [node])
+        cast = self.builder.child()
+        cast.op("Cast", source, outputs=[target], name=self.names.fresh(f"{target}_cast"), to=to)
+        self.edits.after(self.analysis.index, value, cast.nodes)
         self.stats.casts += 1
 
     def _rename(self, value: Value, new_name: str, keep: list[tuple[int, int]]) -> None:
@@ -115,7 +120,7 @@ class InsertCasts:
                 graph = self.analysis.index.graphs[value.key[0]].proto
                 copy = graph.initializer.add()  # add(), not append(): append would store a copy of it
                 copy.CopyFrom(tensor)
-                copy.name = self._unique(f"{value.name}_{self.analysis.precision.short}")
+                copy.name = self.names.fresh(f"{value.name}_{self.analysis.precision.short}")
                 if self.analysis.index.model.ir_version < 4:  # IR < 4 lists every initializer as an input
                     graph.input.append(helper.make_tensor_value_info(copy.name, self.low, list(copy.dims)))
                 self._redirect(needs[Color.LOW], copy.name)
@@ -129,8 +134,8 @@ class InsertCasts:
         if shared:
             node = onnx.NodeProto()
             node.CopyFrom(producer.proto)
-            node.name = self._unique(f"{producer.label}_{self.analysis.precision.short}")
-            node.output[0] = self._unique(f"{value.name}_{self.analysis.precision.short}")
+            node.name = self.names.fresh(f"{producer.label}_{self.analysis.precision.short}")
+            node.output[0] = self.names.fresh(f"{value.name}_{self.analysis.precision.short}")
             self._redirect(needs[Color.LOW], node.output[0])
             _set_constant(node, self._converted(constant_tensor(node)))
             self.edits.after(self.analysis.index, value, [node])
@@ -161,24 +166,15 @@ class InsertCasts:
     def _onnx_type(self, color: Color) -> int:
         return self.low if color is Color.LOW else FLOAT
 
-    def _unique(self, base: str) -> str:
-        name, n = base, 0
-        while name in self.taken:
-            n += 1
-            name = f"{base}_{n}"
-        self.taken.add(name)
-        return name
-
     def _set_type(self, graph_id: int, name: str, elem_type: int) -> None:
         for info in self.infos[graph_id].get(name, ()):
             if info.type.HasField("tensor_type"):
                 info.type.tensor_type.elem_type = elem_type
 
 
-def _import_default_domain(model: onnx.ModelProto) -> None:
-    """Casts need the default domain: import the newest opset the model's IR version allows."""
-    opset = max((row[2] for row in helper.VERSION_TABLE if row[1] <= model.ir_version), default=13)
-    model.opset_import.add(domain="", version=opset)
+def _newest_opset(model: onnx.ModelProto) -> int:
+    """The newest default-domain opset the model's IR version allows (casts need the default domain)."""
+    return max((row[2] for row in helper.VERSION_TABLE if row[1] <= model.ir_version), default=13)
 
 
 def _short(analysis: Analysis, color: Color | str) -> str:
