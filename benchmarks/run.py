@@ -11,10 +11,8 @@ left in low precision. Results go to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from onnx import TensorProto
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
@@ -156,16 +155,11 @@ def main() -> None:
 
 
 def write_results(rows) -> None:
-    uname = platform.uname()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), uname.processor) if Path("/proc/cpuinfo").exists() else ""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    lines = [
-        "# Benchmark results",
+    head = [
+        results.TITLE,
         "",
-        f"Measured {datetime.date.today().isoformat()} on {uname.node}: {cpu}, {os.cpu_count()} cores, "
-        f"{memory:.0f} GiB RAM, {uname.system} {uname.release}, Python {platform.python_version()}, "
-        f"onnx {onnx.__version__}. Produced by `make bench` (benchmarks/run.py); every figure is one run.",
+        f"{results.machine()}, onnx {onnx.__version__}. Produced by `make bench` (benchmarks/run.py); every "
+        "figure is one run.",
         "",
         "Time is the whole process (start-up, load, convert, save); memory is the process's peak resident set.",
         "Low FLOPs: share of MatMul/Gemm/Conv work whose output is float16 (batch 1, sequence 128).",
@@ -175,11 +169,10 @@ def write_results(rows) -> None:
     ]
     for label, size, tool, run in rows:
         share = "" if run.low_flop_share is None else f"{run.low_flop_share:.1%}"
-        lines.append(f"| {label} | {tool} | {run.seconds:.2f} | {run.peak_bytes / 2**20:.0f} | "
-                     f"{run.peak_bytes / size:.2f} | {'' if run.casts is None else run.casts} | {share} | "
-                     f"{run.error} |")
-    lines += ["", "## Speed ratios (faster peer / amp-rewrite)", "", "| model | amp-rewrite | no range check |",
-              "|---|---:|---:|"]
+        head.append(f"| {label} | {tool} | {run.seconds:.2f} | {run.peak_bytes / 2**20:.0f} | "
+                    f"{run.peak_bytes / size:.2f} | {'' if run.casts is None else run.casts} | {share} | "
+                    f"{run.error} |")
+    ratios = ["| model | amp-rewrite | no range check |", "|---|---:|---:|"]
     by_model: dict[str, dict[str, Run]] = {}
     for label, _, tool, run in rows:
         by_model.setdefault(label, {})[tool] = run
@@ -187,11 +180,10 @@ def write_results(rows) -> None:
         peers = [r.seconds for t, r in runs.items() if not t.startswith("amp") and r.ok]
         if peers:
             best = min(peers)
-            lines.append(f"| {label} | {best / runs['amp-rewrite'].seconds:.2f}x | "
-                         f"{best / runs['amp-rewrite (no range check)'].seconds:.2f}x |")
-    (ROOT / "benchmarks" / "RESULTS.md").write_text("\n".join(lines) + "\n")
+            ratios.append(f"| {label} | {best / runs['amp-rewrite'].seconds:.2f}x | "
+                          f"{best / runs['amp-rewrite (no range check)'].seconds:.2f}x |")
+    results.write(head, {"Speed ratios (faster peer / amp-rewrite)": ratios})
     print("wrote benchmarks/RESULTS.md")
-
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import amp_rewrite  # noqa: E402
 from amp_rewrite.runtime import samples  # noqa: E402
+from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 
 RTOL = ATOL = 1e-2
@@ -94,12 +95,7 @@ def run_tool(tool: str, model: onnx.ModelProto, sample: dict) -> dict:
 
 
 def main() -> None:
-    import datetime
-    import os
-    import platform
-
-    when = f"Measured {datetime.date.today()} on {platform.node()}, {os.cpu_count()} cores, {platform.platform()}."
-    lines = [SECTION, "", when, "",
+    lines = [SECTION, "", results.machine() + ".", "",
              "`python benchmarks/validate_bench.py` (part of `make bench`). Same model, sample and "
              f"tolerance (elementwise rtol={RTOL:g}, atol={ATOL:g}) for both tools; amp-rewrite starts from the "
              "all-low policy, as the peer does. Final error: `amp_rewrite.check` emulating float16 on the CPU. The "
@@ -118,10 +114,7 @@ def main() -> None:
             lines.append(f"| {name} | {tool} | {r['runs']} | {r['sessions']} | {r['seconds']:.2f} | "
                          f"{r['low']:.0%} | {r['rel_l2']:.3g} | {r['nonfinite']} | {'yes' if r['passed'] else 'no'} |")
             print(lines[-1], flush=True)
-    results = ROOT / "benchmarks" / "RESULTS.md"
-    text = results.read_text() if results.exists() else "# Benchmark results\n"
-    text = text.split(SECTION)[0].rstrip() + "\n\n" + "\n".join(lines) + "\n"
-    results.write_text(text)
+    results.write(sections={SECTION.removeprefix("## "): lines[2:]})
 
 
 if __name__ == "__main__":

@@ -109,3 +109,65 @@ def assert_close(got: dict, want: dict, rtol: float, atol: float, label: str) ->
         np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol + rtol * scale, err_msg=f"{label} {name}")
 
 
+
+
+def with_loss(model: onnx.ModelProto, feeds: dict[str, np.ndarray], seed: int = 0) -> onnx.ModelProto:
+    """``model`` with one more output ``loss = sum(out * R)`` over its first float output, ``R`` fixed
+    random weights shaped like that output on ``feeds``."""
+    out = next(o.name for o in model.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT)
+    value = ort_run(model, feeds, [out])[out]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    weight = np.random.default_rng(seed).normal(0, 1, value.shape).astype(np.float32)
+    copy.graph.initializer.append(numpy_helper.from_array(weight, "loss_weights"))
+    copy.graph.node.extend([helper.make_node("Mul", [out, "loss_weights"], ["loss_terms"]),
+                            helper.make_node("ReduceSum", ["loss_terms"], ["loss"], keepdims=0)])
+    copy.graph.output.append(helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, []))
+    return copy
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def spread_weights(model: onnx.ModelProto, count: int = 3) -> list[str]:
+    """Float initializers read near the input, in the middle and near the output (by first reader)."""
+    weights = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.dims}
+    order = list(dict.fromkeys(i for n in model.graph.node for i in n.input if i in weights))
+    order = [w for w in order if w != "loss_weights"]
+    picks = sorted({0, len(order) // 2, len(order) - 1})[:count]
+    return [order[i] for i in picks]
+
+
+def directional_check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], wrt: list[str], step: float = 1e-3,
+                      rtol: float = 3e-2) -> onnx.ModelProto:
+    """Compare <grad W, V> with (L(W + tV) - L(W - tV)) / 2t for a random direction V scaled like W,
+    on ONNX Runtime in float32 (a whole-tensor check that costs two runs per weight)."""
+    grad = gradient_model(model, "loss", wrt)
+    onnx.checker.check_model(grad, full_check=True)
+    got = ort_run(grad, feeds, [f"{w}_grad" for w in wrt])
+    tensors = {t.name: t for t in model.graph.initializer}
+    rng = np.random.default_rng(1)
+    for name in wrt:
+        w = numpy_helper.to_array(tensors[name]).astype(np.float64)
+        direction = rng.normal(0, 1, w.shape)
+        direction *= (np.linalg.norm(w) or 1.0) / np.linalg.norm(direction)
+        losses = []
+        for sign in (1, -1):
+            shifted = onnx.ModelProto()
+            shifted.CopyFrom(model)
+            for t in shifted.graph.initializer:
+                if t.name == name:
+                    t.CopyFrom(numpy_helper.from_array((w + sign * step * direction).astype(np.float32), name))
+            losses.append(float(ort_run(shifted, feeds, ["loss"])["loss"]))
+        numeric_slope = (losses[0] - losses[1]) / (2 * step)
+        analytic_slope = float(np.sum(got[f"{name}_grad"].astype(np.float64) * direction))
+        scale = np.linalg.norm(got[f"{name}_grad"]) * np.linalg.norm(direction)
+        assert abs(numeric_slope - analytic_slope) <= rtol * abs(analytic_slope) + 1e-3 * scale, \
+            f"{name}: finite difference {numeric_slope:.6g} vs gradient {analytic_slope:.6g}"
+    return grad

@@ -94,29 +94,43 @@ class Context:
     def unbroadcast(self, grad: str, x: str, y: str | None = None) -> str:
         """Sum ``grad`` (shaped like the broadcast result ``y``) down to ``x``'s shape.
 
-        With ``x``'s shape static and ``y``'s rank known, the axes are constants: the
-        leading axes ``x`` lacks and those where ``x`` has extent 1. Otherwise they are
-        found at run time: every axis where ``x``'s shape, padded with leading ones to
-        ``grad``'s rank, is 1 (summing an axis of extent 1 changes nothing).
+        When the shapes decide it (dimensions known, or named alike), the axes are
+        constants: the leading axes ``x`` lacks, and those where ``x`` has extent 1 and
+        ``y`` does not. Otherwise they are found at run time: every axis where ``x``'s
+        shape, padded with leading ones to ``grad``'s rank, is 1 (summing an axis of
+        extent 1 changes nothing).
         """
         b = self.b
-        x_shape, y_rank = self.static_shape(x), self.rank(y) if y else None
-        if x_shape is not None and y_rank is not None:
-            y_shape = self.shape(y)
-            lead = y_rank - len(x_shape)
-            axes = list(range(lead)) + [lead + i for i, d in enumerate(x_shape)
-                                        if d == 1 and y_shape[lead + i] != 1]
-            if not axes:
-                return grad
-            summed = b.reduce_sum(grad, axes, keepdims=1)
-            return b.op("Reshape", summed, b.ints(x_shape)) if lead else summed
+        axes = self.broadcast_axes(x, y) if y else None
+        if axes is not None:
+            lead, ones = axes
+            if ones:
+                grad = b.reduce_sum(grad, ones, keepdims=1)
+            return b.reduce_sum(grad, list(range(lead)), keepdims=0) if lead else grad
         x_dims, g_dims = b.op("Shape", x), b.op("Shape", grad)
         x_rank, g_rank = b.op("Shape", x_dims), b.op("Shape", g_dims)
         pad = b.op("ConstantOfShape", b.op("Sub", g_rank, x_rank),
                    value=onnx.numpy_helper.from_array(np.ones(1, np.int64)))
         padded = b.op("Concat", pad, x_dims, axis=0)
-        axes = b.op("Reshape", b.op("NonZero", b.op("Equal", padded, b.ints([1]))), b.ints([-1]))
-        return b.op("Reshape", b.reduce_sum(grad, axes, keepdims=1), x_dims)
+        found = b.op("Reshape", b.op("NonZero", b.op("Equal", padded, b.ints([1]))), b.ints([-1]))
+        return b.op("Reshape", b.reduce_sum(grad, found, keepdims=1), x_dims)
+
+    def broadcast_axes(self, x: str, y: str) -> tuple[int, list[int]] | None:
+        """(leading axes, axes of extent 1 in ``x`` but not in ``y``) when ``x`` broadcasts to
+        ``y`` in a way the static shapes decide, else None."""
+        xs, ys = self.shape(x), self.shape(y)
+        if xs is None or ys is None or len(ys) < len(xs):
+            return None
+        lead = len(ys) - len(xs)
+        ones = []
+        for i, d in enumerate(xs):
+            e = ys[lead + i]
+            if d == 1:
+                if e != 1:
+                    ones.append(lead + i)
+            elif not (isinstance(d, int) and d > 1) and (d is None or d != e):
+                return None  # a named or unknown extent that may be 1 at run time
+        return lead, ones
 
     def scale(self, grad: str, factor: float) -> str:
         """``grad * factor`` (nothing when the factor is 1)."""

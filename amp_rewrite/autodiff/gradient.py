@@ -14,7 +14,7 @@ from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder, Names
-from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey
+from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey, names_read
 from amp_rewrite.ir.opsets import ensure_opset
 from amp_rewrite.ir.types import typed_index
 
@@ -53,14 +53,24 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
     taken = {o.name for o in graph.output} | backprop.builder.names.taken
     shapes = {t.name: list(t.dims) for t in graph.initializer}
     shapes.update((i.name, _dims(i)) for i in graph.input)
+    b = backprop.builder
+    producers = {out: node for node in b.nodes for out in node.output}
+    read = names_read(b.nodes) | {i for node in b.nodes for i in node.input}
+    renamed: set[str] = set()
     for param, grad in backprop.grads.items():
         name = f"{param}_grad"
-        if name in taken and name != grad:
+        if name in taken:
             raise UserError(f"cannot name the gradient of {param!r} {name!r}: the model has a value by that name")
-        backprop.builder.op("Identity", grad, outputs=[name])
-        elem_type = backprop.builder.types[grad]
+        elem_type = b.types[grad]
+        if grad in producers and grad not in read and grad not in renamed:
+            # The gradient's own node takes the output name: no Identity.
+            node = producers[grad]
+            node.output[list(node.output).index(grad)] = name
+            renamed.add(grad)
+        else:
+            b.op("Identity", grad, outputs=[name])
         graph.output.append(helper.make_tensor_value_info(name, elem_type, shapes.get(param)))
-    graph.node.extend(backprop.builder.nodes)
+    graph.node.extend(b.nodes)
     return proto
 
 

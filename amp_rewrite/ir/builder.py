@@ -33,6 +33,7 @@ class Names:
 
     def __init__(self, taken: Iterable[str] = ()) -> None:
         self.taken = set(taken)
+        self._next: dict[str, int] = {}
 
     @classmethod
     def of_model(cls, model: onnx.ModelProto) -> Names:
@@ -48,10 +49,14 @@ class Names:
         return cls(taken)
 
     def fresh(self, base: str) -> str:
-        name, n = base, 0
+        """``base``, or ``base_N`` with the next N not taken (counted per base: O(1) per name)."""
+        name, n = base, self._next.get(base, 0)
+        if n:
+            name = f"{base}_{n}"
         while name in self.taken:
             n += 1
             name = f"{base}_{n}"
+        self._next[base] = n + 1
         self.taken.add(name)
         return name
 
@@ -83,6 +88,7 @@ class GraphBuilder:
         """Append a node; return all its output names."""
         base = self.prefix + op_type.lower()
         names = [self.names.fresh(base) for _ in range(outputs)] if isinstance(outputs, int) else list(outputs)
+        self.names.taken.update(names)
         attributes = {k: v for k, v in attributes.items() if v is not None}
         node = helper.make_node(op_type, ["" if i is None else i for i in inputs], names,
                                 name=name or self.names.fresh(f"{base}_node"), domain=domain or None, **attributes)

@@ -9,7 +9,7 @@ that defines them and their name, which keeps shadowed names in subgraphs apart.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import onnx
@@ -205,3 +205,26 @@ class PendingInserts:
                     ordered.append(nodes[position])
             del proto.node[:]
             proto.node.extend(ordered)
+
+
+def names_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """Names that ``nodes`` (and their subgraphs) read but do not define."""
+    defined: set[str] = set()
+    read: set[str] = set()
+    for node in nodes:
+        read.update(i for i in node.input if i)
+        for graph in subgraphs(node):
+            inner = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            read |= (names_read(graph.node) | {o.name for o in graph.output}) - inner - \
+                {o for n in graph.node for o in n.output}
+        defined.update(node.output)
+    return read - defined
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs a node's attributes hold (If branches, Loop and Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from attr.graphs

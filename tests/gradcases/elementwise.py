@@ -44,4 +44,5 @@ CASES = [
     Case("Where", {"c": np.array([[True, False, True], [False, False, True]]), "a": normal(2, 3),
                    "b": normal(3, seed=3)}),
     Case("Cast", {"x": normal(2, 3)}, {"to": 11}, id="to-double"),
+    Case("CastLike", {"x": normal(2, 3), "like": normal(1, seed=3)}, constant=("like",)),
 ]

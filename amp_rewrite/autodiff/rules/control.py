@@ -12,12 +12,12 @@ same type), and the backward branch reads those outputs.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from amp_rewrite.autodiff.context import Context, total
 from amp_rewrite.autodiff.registry import register
 from amp_rewrite.ir.builder import GraphBuilder
+from amp_rewrite.ir.graph import names_read, subgraphs
 
 
 @register("If")
@@ -60,7 +60,7 @@ def _export_locals(ctx: Context, branch: str, b: GraphBuilder, others: list[str]
     bodies = {a.name: a.g for a in ctx.node.attribute if a.type == AttributeProto.GRAPH}
     # The branch's own values now, including what the backward of an If inside it exported.
     local = {out for node in bodies[branch].node for out in node.output}
-    needed = sorted(_free_names(b.nodes) & local)
+    needed = sorted(names_read(b.nodes) & local)
     if not needed:
         return
     renamed = {}
@@ -79,35 +79,13 @@ def _export_locals(ctx: Context, branch: str, b: GraphBuilder, others: list[str]
     _rename_reads(b.nodes, renamed)
 
 
-def _free_names(nodes) -> set[str]:
-    """Names that ``nodes`` (and their subgraphs) read but do not define."""
-    defined: set[str] = set()
-    read: set[str] = set()
-    for node in nodes:
-        read.update(i for i in node.input if i)
-        for graph in _subgraphs(node):
-            inner = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-            read |= (_free_names(graph.node) | {o.name for o in graph.output}) - inner - \
-                {o for n in graph.node for o in n.output}
-        defined.update(node.output)
-    return read - defined
-
-
 def _rename_reads(nodes, renamed: dict[str, str]) -> None:
     for node in nodes:
         for i, name in enumerate(node.input):
             if name in renamed:
                 node.input[i] = renamed[name]
-        for graph in _subgraphs(node):
+        for graph in subgraphs(node):
             _rename_reads(graph.node, renamed)
             for output in graph.output:
                 if output.name in renamed:
                     output.name = renamed[output.name]
-
-
-def _subgraphs(node: onnx.NodeProto):
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == AttributeProto.GRAPHS:
-            yield from attr.graphs

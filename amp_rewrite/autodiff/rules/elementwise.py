@@ -112,7 +112,7 @@ def _inside(ctx: Context, low: str | None, high: str | None) -> str:
 def _pow(ctx: Context):
     """d(x^p)/dx = p * x^(p-1), the exponent a constant (cast like the base)."""
     b, x = ctx.b, ctx.I(0)
-    p = ctx.I(1) if ctx.b.types.get(ctx.I(1)) == ctx.b.types.get(x) else b.op("CastLike", ctx.I(1), x)
+    p = ctx.I(1) if b.types.get(ctx.I(1)) == b.types[x] else b.op("Cast", ctx.I(1), to=b.types[x])
     slope = b.op("Mul", p, b.op("Pow", x, b.op("Sub", p, b.const(1.0, like=x))))
     return {0: ctx.unbroadcast(b.op("Mul", ctx.GO(0), slope), x, ctx.O(0))}
 

@@ -33,27 +33,38 @@ def _matmul(ctx: Context):
     grads = {}
     if ctx.wants(0):
         da = b.op("MatMul", g2, _transposed(ctx, w2, max(rb, 2)))
-        grads[0] = _sum_to(ctx, da, a, ry, squeeze=-2 if ra == 1 else None)
+        grads[0] = _sum_to(ctx, da, a, ry - 2, squeeze=-2 if ra == 1 else None)
     if ctx.wants(1):
-        dw = b.op("MatMul", _transposed(ctx, a2, max(ra, 2)), g2)
-        grads[1] = _sum_to(ctx, dw, w, ry, squeeze=-1 if rb == 1 else None)
+        weight_shape = ctx.static_shape(w)
+        if rb == 2 and ra >= 2 and weight_shape is not None:
+            # A matrix weight under a batch of rows: one Gemm over the rows flattened, no batch sum.
+            rows_a = a if ra == 2 else b.op("Reshape", a, b.ints([-1, weight_shape[0]]))
+            rows_g = g if ra == 2 else b.op("Reshape", g, b.ints([-1, weight_shape[1]]))
+            grads[1] = b.op("Gemm", rows_a, rows_g, transA=1)
+        else:
+            dw = b.op("MatMul", _transposed(ctx, a2, max(ra, 2)), g2)
+            grads[1] = _sum_to(ctx, dw, w, ry - 2, squeeze=-1 if rb == 1 else None)
     return grads
 
 
-def _sum_to(ctx: Context, grad: str, x: str, rank: int, squeeze: int | None) -> str:
-    """Sum a rank-``rank`` product gradient over the batch axes ``x`` broadcast along."""
+def _sum_to(ctx: Context, grad: str, x: str, batch: int, squeeze: int | None) -> str:
+    """Sum a product gradient (``batch`` broadcast batch axes, then ``x``'s matrix axes) over the
+    batch axes ``x`` does not have or has with extent 1; a vector operand loses its matrix axis."""
     b = ctx.b
-    if squeeze is not None:  # a vector operand: its matrix axis goes, then every batch axis is summed
-        return b.reduce_sum(b.axes_op("Squeeze", grad, [squeeze]), list(range(rank - 2)), keepdims=0)
-    x_rank = ctx.rank(x)
-    lead = rank - x_rank
-    if lead:
-        grad = b.reduce_sum(grad, list(range(lead)), keepdims=0)
-    shape = ctx.static_shape(x)
-    if shape is not None:
-        axes = [i for i, d in enumerate(shape[:-2]) if d == 1]
-        return b.reduce_sum(grad, axes, keepdims=1) if axes else grad
-    return ctx.unbroadcast(grad, x)
+    if squeeze is not None:
+        return b.reduce_sum(b.axes_op("Squeeze", grad, [squeeze]), list(range(batch)), keepdims=0)
+    x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.O(0))
+    lead = batch - (len(x_shape) - 2)
+    ones = []
+    for i, d in enumerate(x_shape[:-2]):
+        e = y_shape[lead + i] if y_shape is not None and len(y_shape) == batch + 2 else None
+        if d == 1 and e != 1:
+            ones.append(lead + i)
+        elif d != 1 and not (isinstance(d, int) and d > 1) and (d is None or d != e):
+            return ctx.unbroadcast(grad, x)  # a named extent that may be 1 at run time: decide then
+    if ones:
+        grad = b.reduce_sum(grad, ones, keepdims=1)
+    return b.reduce_sum(grad, list(range(lead)), keepdims=0) if lead else grad
 
 
 @register("Gemm")
