@@ -37,6 +37,7 @@ bench: install
 	$(PY) -m pip install -q -e ".[$(EXTRAS),bench]"
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/validate_bench.py
+	$(PY) benchmarks/grad_bench.py
 
 clean:
 	rm -rf $(VENV) out benchmarks/work

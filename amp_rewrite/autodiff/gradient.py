@@ -100,9 +100,20 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     if seed is None:
         seed = b.op("ConstantOfShape", b.op("Shape", loss), value=numpy_helper.from_array(
             np.ones(1, helper.tensor_dtype_to_np_dtype(loss_value.elem_type))))
+    else:  # a scale: the loss's shape and element type
+        seed = b.op("Expand", seed, b.op("Shape", loss))
+        if b.types.get(seed) != loss_value.elem_type:
+            seed = b.op("Cast", seed, to=loss_value.elem_type)
     found = engine.run(0, {loss_key: seed}, targets, b)
     grads = {key[1]: found[key] if key in found else b.zeros_like(key[1]) for key in targets}
     return Backprop(grads, b)
+
+
+def default_parameters(proto: onnx.ModelProto, loss: str) -> list[str]:
+    """Every float initializer that the output ``loss`` depends on, in graph order."""
+    index = typed_index(proto)
+    types = {v.name: v.elem_type for v in index.all_values() if v.elem_type}
+    return [key[1] for key in _targets(index, Backward(index, types), (0, loss), None)]
 
 
 def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | None) -> list[ValueKey]:

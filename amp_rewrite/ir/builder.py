@@ -108,7 +108,8 @@ class GraphBuilder:
             elem_type = self.types[like] if like is not None else None
         array = np.asarray(value)
         if elem_type is None:
-            elem_type = TensorProto.INT64 if array.dtype.kind in "iub" else TensorProto.FLOAT
+            elem_type = {"b": TensorProto.BOOL, "i": TensorProto.INT64, "u": TensorProto.INT64}.get(
+                array.dtype.kind, TensorProto.FLOAT)
         np_type = helper.tensor_dtype_to_np_dtype(elem_type)
         array = array.astype(np_type)
         key = (elem_type, array.shape, array.tobytes())

@@ -1,6 +1,11 @@
-"""Mixed-precision training of ONNX models: gradients now; losses, loss scaling, optimizers and
-the trainer build on them."""
+"""Mixed-precision training of ONNX models on ONNX Runtime: gradients, standard losses, loss
+scaling, optimizers, and the training step as one graph."""
 
 from amp_rewrite.autodiff import gradient_model
+from amp_rewrite.training.losses import LOSSES, attach_loss
+from amp_rewrite.training.optimizers import SGD, AdamW
+from amp_rewrite.training.scaling import LossScale
+from amp_rewrite.training.step import StepSpec, TrainingStep, build
 
-__all__ = ["gradient_model"]
+__all__ = ["LOSSES", "SGD", "AdamW", "LossScale", "StepSpec", "TrainingStep", "attach_loss", "build",
+           "gradient_model"]

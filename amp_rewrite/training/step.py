@@ -1,0 +1,234 @@
+"""``build``: one training step as one ONNX graph, and the description a driver needs.
+
+The step graph reads the data (the model's inputs and the labels), the float32 master
+weights, the optimizer state, the loss-scale state and the hyper-parameters (learning
+rate, weight decay), and returns the loss, the model's outputs, the next weights and
+states, and whether the step was skipped. Its forward is the mixed-precision rewrite
+of the model with the weights as float32 inputs (cast to low precision where low
+precision ops read them, so their gradients arrive in float32); the loss, the
+unscaled gradients, the update and the scale stay float32. A step whose gradients hold
+an inf or NaN changes no weight, state or step count (``Where`` selects the old
+values) and backs the scale off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import onnx
+import onnx.external_data_helper
+from onnx import TensorProto, helper
+
+from amp_rewrite.autodiff import MIN_OPSET, add_backward
+from amp_rewrite.autodiff.gradient import default_parameters
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
+from amp_rewrite.ir.builder import FLOAT_TYPES
+from amp_rewrite.ir.opsets import ensure_opset
+from amp_rewrite.ir.tensors import read_array
+from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.rewrite.report import Report, build_report
+from amp_rewrite.runtime import samples
+from amp_rewrite.training.losses import attach_loss
+from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, optimizer
+from amp_rewrite.training.scaling import LossScale, unscale, update
+
+PRECISIONS = ("float16", "bfloat16", "float32")
+FLOAT = TensorProto.FLOAT
+
+
+@dataclass
+class Carried:
+    """A value the driver feeds back: ``input`` this step, ``output`` the next."""
+
+    input: str
+    output: str
+    shape: list
+    dtype: str = "float32"
+    role: str = "param"
+    """"param", an optimizer state ("momentum", "exp_avg"...), "scale", "clean_steps" or "step"."""
+    of: str | None = None
+    """The parameter an optimizer state belongs to."""
+
+
+@dataclass
+class StepSpec:
+    """The step graph's interface (``to_json`` for drivers in other languages)."""
+
+    data: list[str]
+    labels: str | None
+    loss: str
+    skipped: str
+    outputs: list[str]
+    """The model's own outputs, computed by the step's forward."""
+    carried: list[Carried]
+    lr: str
+    weight_decay: str
+    precision: str
+    optimizer: str
+    loss_scale: dict = field(default_factory=dict)
+
+    @property
+    def params(self) -> list[Carried]:
+        return [c for c in self.carried if c.role == "param"]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+
+@dataclass
+class TrainingStep:
+    model: onnx.ModelProto
+    spec: StepSpec
+    initial: dict[str, np.ndarray]
+    """The first values of every carried input."""
+    original: onnx.ModelProto
+    """The input of ``build``, as given: what ``Trainer.export`` writes with the trained weights."""
+    forward: onnx.ModelProto
+    """The float32 model with the loss attached (what ``Trainer.evaluate`` runs)."""
+    report: Report | None = None
+    """The mixed-precision rewrite's report (None for float32)."""
+
+
+def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
+          precision: str = "float16", loss_scale: str | float | LossScale = "dynamic",
+          options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels") -> TrainingStep:
+    """The training step of ``model``. ``loss`` is a scalar float output of the model, or
+    "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
+    the initializers to train (default: every float initializer the loss depends on).
+    ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
+    ``precision`` overrides theirs ("float32": no rewrite)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    scaling = LossScale.parse(loss_scale)
+    opt = optimizer(optimizer_spec)
+    proto, base_dir, _ = io.read_model(model, "train")
+    if base_dir is not None:  # training holds the weights in memory anyway
+        onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+    original = onnx.ModelProto()
+    original.CopyFrom(proto)
+    proto = ensure_opset(proto, MIN_OPSET)
+    labels_name = None
+    if loss in ("cross-entropy", "mse"):
+        if output is None:
+            raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
+        attached = attach_loss(proto, loss, output, labels)
+        loss, labels_name = attached.loss, attached.labels
+    forward = onnx.ModelProto()
+    forward.CopyFrom(proto)
+    names = params if params is not None else default_parameters(proto, loss)
+    initial = _lift_parameters(proto, names)
+    report = None
+    if precision != "float32":
+        settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True)
+        if settings.range_check != "off" and not settings.calibrate:
+            # The range check must see the real weights, which are inputs now.
+            sample = {**samples.generate(proto, 1, None, settings.seed)[0], **initial}
+            if labels_name is not None and loss == "loss" and sample[labels_name].dtype.kind == "i":
+                sample[labels_name] = np.zeros_like(sample[labels_name])  # class 0 exists in every model
+            settings = replace(settings, calibrate=[sample], range_check="off")
+        analysis, stats = rewrite(proto, settings.validated(), None)
+        report = build_report(analysis, stats)
+    step = _assemble(proto, loss, names, initial, opt, scaling)
+    data = [i.name for i in proto.graph.input if i.name not in {c.input for c in step.carried} | set(_hyper())]
+    spec = StepSpec(data=data, labels=labels_name, loss=loss, skipped=step.skipped,
+                    outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
+                    lr="lr", weight_decay="weight_decay", precision=precision, optimizer=opt.name,
+                    loss_scale=asdict(scaling))
+    return TrainingStep(proto, spec, step.initial, original, forward, report)
+
+
+def _hyper() -> tuple[str, ...]:
+    return ("lr", "weight_decay")
+
+
+def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarray]:
+    """Turn the parameters into float32 graph inputs; return their values."""
+    graph = proto.graph
+    tensors = {t.name: t for t in graph.initializer}
+    values = {}
+    for name in names:
+        tensor = tensors.get(name)
+        if tensor is None:
+            raise UserError(f"parameter {name!r} is not an initializer of the model")
+        if tensor.data_type not in FLOAT_TYPES:
+            raise UserError(f"parameter {name!r} is not a float tensor")
+        values[name] = read_array(tensor, None).astype(np.float32)
+        graph.initializer.remove(tensor)
+        for info in list(graph.input):
+            if info.name == name:  # an initializer listed as an input (IR < 4)
+                graph.input.remove(info)
+        graph.input.append(helper.make_tensor_value_info(name, FLOAT, list(values[name].shape)))
+    return values
+
+
+@dataclass
+class _Assembled:
+    carried: list[Carried]
+    initial: dict[str, np.ndarray]
+    skipped: str
+
+
+def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
+              opt: SGD | AdamW, scaling: LossScale) -> _Assembled:
+    graph = proto.graph
+    scalar_inputs = ["lr", "weight_decay", "loss_scale", "clean_steps", "step"]
+    taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
+    clash = [n for n in scalar_inputs if n in taken]
+    if clash:
+        raise UserError(f"the model already has values named {', '.join(clash)}: rename them to train it")
+    graph.input.extend(helper.make_tensor_value_info(n, FLOAT, []) for n in scalar_inputs)
+    backprop = add_backward(proto, loss, params, seed="loss_scale")
+    b = backprop.builder
+    for name in scalar_inputs:
+        b.types[name] = FLOAT
+    grads = [b.op("Cast", backprop.grads[p], to=FLOAT) if b.types[backprop.grads[p]] != FLOAT
+             else backprop.grads[p] for p in params]
+    if scaling.checks:
+        grads, found_inf = unscale(b, grads, "loss_scale")
+    else:
+        found_inf = b.const(np.array(False))
+    taking = b.op("Add", "step", b.const(1.0, like="step"))
+    hyper = Hyper("lr", "weight_decay", taking)
+    carried, values, outputs = [], dict(initial), {}
+    for param, grad in zip(params, grads):
+        states = [f"{param}.{s}" for s in opt.states]
+        new_param, new_states = opt.update(b, param, grad, states, hyper)
+        for old, new, role in ((param, new_param, "param"), *zip(states, new_states, opt.states)):
+            outputs[old] = b.op("Where", found_inf, old, new) if scaling.checks else new
+            carried.append(Carried(old, "", list(initial[param].shape), role=role,
+                                   of=None if role == "param" else param))
+            if role != "param":
+                values[old] = np.zeros_like(initial[param])
+                graph.input.append(helper.make_tensor_value_info(old, FLOAT, list(initial[param].shape)))
+    next_step = b.op("Where", found_inf, "step", taking)
+    if scaling.mode == "dynamic":
+        scaling_state = update(b, scaling, "loss_scale", "clean_steps", found_inf)
+    else:
+        scaling_state = ("loss_scale", "clean_steps")
+    for name, value, role in (("loss_scale", scaling_state[0], "scale"), ("clean_steps", scaling_state[1],
+                                                                          "clean_steps"), ("step", next_step, "step")):
+        outputs[name] = value
+        carried.append(Carried(name, "", [], role=role))
+        values[name] = np.array(scaling.init if name == "loss_scale" else 0.0, np.float32)
+    skipped = b.op("Identity", found_inf, outputs=[b.names.fresh("skipped")])
+    graph.node.extend(b.nodes)
+    for item in carried:
+        item.output = b.names.fresh(f"{item.input}.next")
+        graph.node.append(helper.make_node("Identity", [outputs[item.input]], [item.output],
+                                           name=b.names.fresh(f"{item.output}_node")))
+        graph.output.append(helper.make_tensor_value_info(item.output, FLOAT, item.shape))
+    graph.output.append(helper.make_tensor_value_info(skipped, TensorProto.BOOL, []))
+    return _Assembled(carried, values, skipped)
+
+
+def save(step: TrainingStep, path: str | os.PathLike) -> None:
+    """Write the step graph, its description (``.json``) and its first values (``.init.npz``)."""
+    io.save(step.model, path, None)
+    stem = os.fspath(path)
+    io.save_text(stem + ".json", step.spec.to_json())
+    np.savez(stem + ".init.npz", **step.initial)

@@ -1,0 +1,199 @@
+"""``Trainer``: runs a training step graph on ONNX Runtime, keeping its state on the device.
+
+Weights, optimizer state and the loss scale stay in ONNX Runtime buffers between
+steps (I/O binding). Two buffer sets are kept and swapped each step: the step reads
+one and writes the other, since ONNX Runtime makes no promise about a buffer bound
+as both an input and an output (a backward node may still read the old weight).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
+from amp_rewrite.training.step import TrainingStep
+
+SKIP_WARNING = 50
+"""Consecutive skipped steps after which the trainer warns (a forward that makes NaN drives
+the scale towards zero and skips forever)."""
+
+
+@dataclass
+class StepResult:
+    loss: float
+    scale: float
+    skipped: bool
+
+
+@dataclass
+class History:
+    epochs: list[dict] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, step: TrainingStep, provider: str = "CPUExecutionProvider", lr: float = 1e-3,
+                 weight_decay: float = 0.0) -> None:
+        import onnxruntime as ort
+
+        if provider not in ort.get_available_providers():
+            raise UserError(f"{provider} is not available in this onnxruntime "
+                            f"(available: {', '.join(ort.get_available_providers())})")
+        self.step_graph = step
+        self.spec = step.spec
+        self.lr, self.weight_decay = lr, weight_decay
+        self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        # Basic optimizations only: fusions across the casts would change the precision chosen.
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        self.session = ort.InferenceSession(step.model.SerializeToString(), options, providers=[provider])
+        self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
+                         {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
+                          for c in self.spec.carried}]
+        self.steps = 0
+        self.consecutive_skips = 0
+
+    def _device_value(self, array: np.ndarray):
+        import onnxruntime as ort
+
+        return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device, 0)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self, batch: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> StepResult:
+        """One training step on ``batch`` (arrays keyed by the step's data inputs)."""
+        missing = [name for name in self.spec.data if name not in batch]
+        if missing:
+            raise UserError(f"the batch lacks {', '.join(missing)}")
+        current, following = self._buffers
+        binding = self.session.io_binding()
+        for name in self.spec.data:
+            binding.bind_cpu_input(name, np.asarray(batch[name], order="C"))
+        binding.bind_cpu_input(self.spec.lr, np.array(self.lr, np.float32))
+        binding.bind_cpu_input(self.spec.weight_decay, np.array(self.weight_decay, np.float32))
+        for carried in self.spec.carried:
+            binding.bind_ortvalue_input(carried.input, current[carried.input])
+            binding.bind_ortvalue_output(carried.output, following[carried.input])
+        for name in (self.spec.loss, self.spec.skipped, *outputs):
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        read = (self.spec.loss, self.spec.skipped, *outputs)  # bound last: the tail of the outputs
+        results = {name: value.numpy() for name, value in zip(read, binding.get_outputs()[-len(read):])}
+        self._buffers = [following, current]
+        self.steps += 1
+        skipped = bool(results[self.spec.skipped])
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        if self.consecutive_skips == SKIP_WARNING:
+            print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
+                  f"{self.scale:g}); if the forward itself makes NaN, loss scaling cannot help", file=sys.stderr)
+        self.last_outputs = {name: results[name] for name in outputs}
+        return StepResult(float(results[self.spec.loss]), self.scale, skipped)
+
+    def value(self, name: str) -> np.ndarray:
+        """The current value of a carried input (a weight, an optimizer state, the scale)."""
+        return self._buffers[0][name].numpy()
+
+    @property
+    def scale(self) -> float:
+        return float(self.value("loss_scale"))
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        return {c.input: self.value(c.input) for c in self.spec.params}
+
+    # -- epochs -----------------------------------------------------------------------------------
+    def fit(self, data: Mapping[str, np.ndarray], epochs: int = 1, batch_size: int = 32,
+            eval_data: Mapping[str, np.ndarray] | None = None, seed: int = 0, progress: bool = True) -> History:
+        """Shuffled mini-batches for ``epochs`` epochs; returns the per-epoch history."""
+        count = _sample_count(data, self.spec.data)
+        history = History()
+        rng = np.random.default_rng(seed)
+        for epoch in range(1, epochs + 1):
+            order = rng.permutation(count)
+            losses, skipped, started = [], 0, time.perf_counter()
+            batches = math.ceil(count / batch_size)
+            for k in range(batches):
+                rows = order[k * batch_size:(k + 1) * batch_size]
+                result = self.step({name: data[name][rows] for name in self.spec.data})
+                losses.append(result.loss)
+                skipped += result.skipped
+                history.scales.append(result.scale)
+                if result.skipped:
+                    history.skipped_steps.append(self.steps)
+                if progress:
+                    rate = (k + 1) * batch_size / max(time.perf_counter() - started, 1e-9)
+                    print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4f} scale "
+                          f"{result.scale:g} skipped {skipped} {rate:.0f} samples/s", end="", file=sys.stderr)
+            finite = [v for v in losses if math.isfinite(v)]
+            record = {"epoch": epoch, "loss": float(np.mean(finite)) if finite else float("nan"),
+                      "skipped": skipped, "seconds": time.perf_counter() - started, "scale": self.scale}
+            if eval_data is not None:
+                record["eval"] = self.evaluate(eval_data, batch_size)
+            history.epochs.append(record)
+            if progress:
+                shown = f" eval {record['eval']}" if "eval" in record else ""
+                print(f"\repoch {epoch}/{epochs} loss {record['loss']:.4f} skipped {skipped}{shown}",
+                      file=sys.stderr)
+        return history
+
+    def evaluate(self, data: Mapping[str, np.ndarray], batch_size: int = 256) -> dict[str, float]:
+        """Mean loss of the float32 model with the current weights (and accuracy for a
+        cross-entropy loss), on ONNX Runtime's CPU provider."""
+        import onnxruntime as ort
+
+        model = self.with_weights(self.step_graph.forward)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        names = [self.spec.loss, *self.spec.outputs[:1]]
+        inputs = [i.name for i in session.get_inputs()]
+        count = _sample_count(data, inputs)
+        total, correct = 0.0, 0
+        classes = self.spec.labels is not None and data[self.spec.labels].dtype.kind in "iu"
+        for start in range(0, count, batch_size):
+            feeds = {name: data[name][start:start + batch_size] for name in inputs}
+            loss, *outputs = session.run(names, feeds)
+            rows = len(feeds[inputs[0]])
+            total += float(loss) * rows
+            if classes and outputs and outputs[0].ndim == 2:
+                correct += int(np.sum(outputs[0].argmax(axis=1) == feeds[self.spec.labels]))
+        result = {"loss": total / count}
+        if classes:
+            result["accuracy"] = correct / count
+        return result
+
+    # -- export -----------------------------------------------------------------------------------
+    def with_weights(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy of ``model`` whose weights are the trained ones (same graph)."""
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        weights = self.weights
+        for tensor in copy.graph.initializer:
+            if tensor.name in weights:
+                trained = weights[tensor.name].astype(numpy_helper.to_array(tensor).dtype)
+                tensor.CopyFrom(numpy_helper.from_array(trained, tensor.name))
+        return copy
+
+    def export(self, path) -> None:
+        """The input model, graph unchanged, with the trained weights (float32)."""
+        io.save(self.with_weights(self.step_graph.original), path, None)
+
+
+def _sample_count(data: Mapping[str, np.ndarray], names) -> int:
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise UserError(f"the data has no arrays named {', '.join(missing)} (it has {', '.join(data)})")
+    lengths = {n: len(data[n]) for n in names}
+    if len(set(lengths.values())) != 1:
+        raise UserError("the data's arrays disagree in length: " + ", ".join(f"{n}: {v}" for n, v in lengths.items()))
+    return next(iter(lengths.values()))

@@ -1,0 +1,111 @@
+"""The training step graph: optimizer math against a numpy reference of PyTorch's semantics,
+skipped steps on inf/NaN gradients, the dynamic scale's backoff and growth."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_rewrite.training import LossScale, build
+from amp_rewrite.training.trainer import Trainer
+
+
+def _mlp(seed: int = 0) -> onnx.ModelProto:
+    """x[N,4] -> Gemm(8) -> Relu -> Gemm(3) -> logits."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, s).astype(np.float32), n)
+             for n, s in (("w1", (4, 8)), ("b1", (8,)), ("w2", (8, 3)), ("b2", (3,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _batch(seed: int = 1, n: int = 6):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.normal(0, 1, (n, 4)).astype(np.float32), "labels": rng.integers(0, 3, n).astype(np.int64)}
+
+
+def _numpy_loss_grads(weights, batch):
+    """Cross-entropy of the MLP and its gradients, in float64."""
+    x, y = batch["x"].astype(np.float64), batch["labels"]
+    w1, b1, w2, b2 = (weights[k].astype(np.float64) for k in ("w1", "b1", "w2", "b2"))
+    h = x @ w1 + b1
+    r = np.maximum(h, 0)
+    z = r @ w2 + b2
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    n = len(y)
+    loss = -np.mean(np.log(p[np.arange(n), y]))
+    dz = p.copy()
+    dz[np.arange(n), y] -= 1
+    dz /= n
+    dr = dz @ w2.T
+    dh = dr * (h > 0)
+    return loss, {"w1": x.T @ dh, "b1": dh.sum(0), "w2": r.T @ dz, "b2": dz.sum(0)}
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_float32_steps_match_pytorch_semantics(opt):
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec=opt, precision="float32",
+                 loss_scale="none")
+    onnx.checker.check_model(step.model, full_check=True)
+    lr, wd = 0.1, 0.01
+    trainer = Trainer(step, lr=lr, weight_decay=wd)
+    weights = {k: v.astype(np.float64) for k, v in step.initial.items() if k in ("w1", "b1", "w2", "b2")}
+    state = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in weights.items()}
+    for t in range(1, 4):
+        batch = _batch(seed=t)
+        loss, grads = _numpy_loss_grads(weights, batch)
+        result = trainer.step(batch)
+        assert result.loss == pytest.approx(loss, rel=1e-5)
+        for k, g in grads.items():
+            m, v = state[k]
+            if opt == "sgd":  # torch.optim.SGD(momentum=0.9, weight_decay=wd)
+                g = g + wd * weights[k]
+                m = 0.9 * m + g
+                weights[k] = weights[k] - lr * m
+            else:  # torch.optim.AdamW(betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+                weights[k] = weights[k] * (1 - lr * wd)
+                m = 0.9 * m + 0.1 * g
+                v = 0.999 * v + 0.001 * g * g
+                denom = np.sqrt(v / (1 - 0.999**t)) + 1e-8
+                weights[k] = weights[k] - lr / (1 - 0.9**t) * m / denom
+            state[k] = (m, v)
+        for k in weights:
+            np.testing.assert_allclose(trainer.value(k), weights[k], rtol=2e-5, atol=1e-5, err_msg=f"{opt} {k} {t}")
+    assert trainer.value("step") == 3
+
+
+def test_inf_gradient_skips_the_step_and_halves_the_scale():
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float16")
+    trainer = Trainer(step, lr=0.01)
+    trainer.step(_batch())  # one clean step so the moments are not all zero
+    before = {c.input: trainer.value(c.input).copy() for c in step.spec.carried}
+    poisoned = _batch(seed=2)
+    poisoned["x"][0, 0] = np.inf
+    result = trainer.step(poisoned)
+    assert result.skipped
+    for c in step.spec.carried:
+        if c.role in ("scale", "clean_steps"):
+            continue
+        assert np.array_equal(trainer.value(c.input), before[c.input]), c.input  # bit-identical
+    assert trainer.scale == before["loss_scale"] / 2
+    assert trainer.value("clean_steps") == 0
+
+
+def test_clean_steps_grow_the_scale_after_the_interval():
+    step = build(_mlp(), loss="cross-entropy", output="logits", precision="float16",
+                 loss_scale=LossScale(init=8.0, interval=3))
+    trainer = Trainer(step, lr=0.01)
+    scales = [trainer.step(_batch(seed=s)).scale for s in range(7)]
+    assert scales == [8.0, 8.0, 16.0, 16.0, 16.0, 32.0, 32.0]
+
+
+def test_static_scale_never_changes():
+    step = build(_mlp(), loss="cross-entropy", output="logits", precision="float16", loss_scale=128)
+    trainer = Trainer(step, lr=0.01)
+    assert {trainer.step(_batch(seed=s)).scale for s in range(3)} == {128.0}
