@@ -70,11 +70,12 @@ def _tensor(name: str, shape, elem_type=FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
-def seed_cnn(image_size: int = 256, batch: int | str = "batch", classes: int = 10) -> onnx.ModelProto:
+def seed_cnn(image_size: int = 256, batch: int | str = "batch", classes: int = 10, channels: int = 3,
+             widths: tuple[int, int] = (64, 128)) -> onnx.ModelProto:
     """The seed experiment's CNN (BACKGROUND.md): two conv blocks, GAP, dense, softmax."""
     g = _Graph(seed=1)
     x = "image"
-    for channels_in, channels_out, kernel in ((3, 64, 7), (64, 128, 11)):
+    for channels_in, channels_out, kernel in ((channels, widths[0], 7), (widths[0], widths[1], 11)):
         conv = g.op("Conv", x, g.weight(channels_out, channels_in, kernel, kernel), g.weight(channels_out, scale=0.1),
                     strides=[2, 2], auto_pad="SAME_UPPER")
         act = g.op("Relu", conv)
@@ -82,11 +83,11 @@ def seed_cnn(image_size: int = 256, batch: int | str = "batch", classes: int = 1
         x = g.op("BatchNormalization", act, g.initializer(ones * 1.1), g.initializer(ones * 0.05),
                  g.initializer(ones * 0.2), g.initializer(ones * 0.9), epsilon=1e-3)
     flat = g.op("Flatten", g.op("GlobalAveragePool", x), axis=1)
-    logits = g.op("Gemm", flat, g.weight(128, classes), g.weight(classes, scale=0.1))
+    logits = g.op("Gemm", flat, g.weight(widths[1], classes), g.weight(classes, scale=0.1))
     g.op("Softmax", logits, outputs=["probabilities"], name="softmax", axis=-1)
     return g.model(
         "seed_cnn",
-        [_tensor("image", [batch, 3, image_size, image_size])],
+        [_tensor("image", [batch, channels, image_size, image_size])],
         [_tensor("probabilities", [batch, classes])],
     )
 

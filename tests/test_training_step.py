@@ -109,3 +109,50 @@ def test_static_scale_never_changes():
     step = build(_mlp(), loss="cross-entropy", output="logits", precision="float16", loss_scale=128)
     trainer = Trainer(step, lr=0.01)
     assert {trainer.step(_batch(seed=s)).scale for s in range(3)} == {128.0}
+
+
+def _bn_model() -> onnx.ModelProto:
+    """x[N,2,4,4] -> Conv(3) -> BatchNormalization -> Relu -> GlobalAveragePool -> Flatten -> logits[N,3]."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("w", rng.normal(0, 0.5, (3, 2, 3, 3))), ("gamma", np.ones(3)), ("beta", np.zeros(3)),
+        ("mean", np.zeros(3)), ("var", np.ones(3)))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"], momentum=0.8),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["logits"])]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 4, 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_batchnorm_trains_on_batch_statistics_and_updates_running_ones():
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+                 loss_scale="none")
+    roles = {c.input: c.role for c in step.spec.carried}
+    assert roles["mean"] == "running_mean" and roles["var"] == "running_var"
+    assert "mean" not in {c.input for c in step.spec.params}
+    trainer = Trainer(step, lr=0.0)  # no update: only the statistics move
+    x = np.random.default_rng(4).normal(2.0, 3.0, (5, 2, 4, 4)).astype(np.float32)
+    trainer.step({"x": x, "labels": np.zeros(5, np.int64)})
+    w = step.initial["w"]
+    conv = ort_conv(x, w)
+    batch_mean, batch_var = conv.mean(axis=(0, 2, 3)), conv.var(axis=(0, 2, 3), ddof=1)
+    np.testing.assert_allclose(trainer.value("mean"), 0.2 * batch_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(trainer.value("var"), 0.8 + 0.2 * batch_var, rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_batchnorm_carries_no_statistics():
+    step = build(_bn_model(), loss="cross-entropy", output="logits", precision="float32", batchnorm="freeze")
+    assert not any(c.role.startswith("running") for c in step.spec.carried)
+
+
+def ort_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    from tests.gradcheck import ort_run
+
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w")])
+    return ort_run(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), {"x": x},
+                   ["y"])["y"]

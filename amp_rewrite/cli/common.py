@@ -20,9 +20,11 @@ class Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def coloring_arguments(parser: argparse.ArgumentParser) -> None:
+def coloring_arguments(parser: argparse.ArgumentParser, float32: bool = False) -> None:
+    """The rewrite's options; ``float32`` also offers --precision float32 (no rewrite: training)."""
     group = parser.add_argument_group("coloring")
-    group.add_argument("--precision", choices=[p.value for p in Precision], default="float16")
+    group.add_argument("--precision", choices=[p.value for p in Precision] + (["float32"] if float32 else []),
+                       default="float16")
     group.add_argument("--provider", choices=[*PROVIDERS, "none"], default="CUDAExecutionProvider",
                        help="execution provider whose kernels decide what may run in low precision; "
                             "'none' follows the ONNX schemas alone")
@@ -73,3 +75,20 @@ def check_writable(path: Path) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise UserError(f"cannot write the report: folder {folder} does not exist or is not writable")
+
+
+def training_arguments(parser: argparse.ArgumentParser) -> None:
+    """What defines a training step: the loss, the optimizer, precision and loss scaling."""
+    group = parser.add_argument_group("training step")
+    group.add_argument("--loss", required=True, metavar="NAME|cross-entropy|mse",
+                       help="a scalar float output of the model, or a standard loss on --output with --labels")
+    group.add_argument("--output", metavar="NAME", help="the model output a standard loss applies to")
+    group.add_argument("--labels", default="labels", metavar="NAME", help="name of the labels input (default labels)")
+    group.add_argument("--param", action="append", metavar="NAME",
+                       help="an initializer to train; repeat for more (default: every float weight the loss reads)")
+    group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    group.add_argument("--loss-scale", metavar="dynamic|none|N",
+                       help="dynamic loss scaling (the default for float16), none (the default otherwise), "
+                            "or a static scale")
+    group.add_argument("--batchnorm", choices=("train", "freeze"), default="train",
+                       help="BatchNormalization on batch statistics with running ones updated, or frozen")

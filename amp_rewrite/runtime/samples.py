@@ -50,16 +50,20 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def load_npz(path: str | os.PathLike, model: onnx.ModelProto) -> Sample:
-    """One sample from an .npz file keyed by input name, checked against the model's inputs."""
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, by name; a clear error for a missing or unreadable file."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            sample = {key: data[key] for key in data.files}
+            return {key: data[key] for key in data.files}
     except FileNotFoundError:
-        raise UserError(f"input data file not found: {path}") from None
+        raise UserError(f"data file not found: {path}") from None
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise UserError(f"not a readable .npz file: {path} ({type(exc).__name__})") from None
-    return checked(sample, model, str(path))
+
+
+def load_npz(path: str | os.PathLike, model: onnx.ModelProto) -> Sample:
+    """One sample from an .npz file keyed by input name, checked against the model's inputs."""
+    return checked(read_npz(path), model, str(path))
 
 
 def resolve(items: Iterable, model: onnx.ModelProto) -> list[Sample]:

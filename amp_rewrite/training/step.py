@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -34,6 +35,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import samples
 from amp_rewrite.training.losses import attach_loss
+from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, optimizer
 from amp_rewrite.training.scaling import LossScale, unscale, update
 
@@ -92,19 +94,27 @@ class TrainingStep:
     """The float32 model with the loss attached (what ``Trainer.evaluate`` runs)."""
     report: Report | None = None
     """The mixed-precision rewrite's report (None for float32)."""
+    options: ConvertOptions | None = None
+    """The rewrite's options (None for float32): ``Trainer.export_mixed`` rewrites with them."""
 
 
 def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
-          precision: str = "float16", loss_scale: str | float | LossScale = "dynamic",
-          options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels") -> TrainingStep:
+          precision: str = "float16", loss_scale: str | float | LossScale | None = None,
+          options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
+          batchnorm: str = "train") -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
     ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
-    ``precision`` overrides theirs ("float32": no rewrite)."""
+    ``precision`` overrides theirs ("float32": no rewrite). ``loss_scale``: "dynamic" (default
+    for float16), "none" (default otherwise), a number (static), or a :class:`LossScale`. ``batchnorm``: "train" (batch
+    statistics; running statistics updated and carried) or "freeze" (running statistics
+    used as they are). Dropout is active in the step."""
+    if batchnorm not in ("train", "freeze"):
+        raise UserError(f"batchnorm must be train or freeze, got {batchnorm!r}")
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    scaling = LossScale.parse(loss_scale)
+    scaling = LossScale.parse(loss_scale if loss_scale is not None else "dynamic" if precision == "float16" else "none")
     opt = optimizer(optimizer_spec)
     proto, base_dir, _ = io.read_model(model, "train")
     if base_dir is not None:  # training holds the weights in memory anyway
@@ -120,8 +130,11 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         loss, labels_name = attached.loss, attached.labels
     forward = onnx.ModelProto()
     forward.CopyFrom(proto)
+    running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
+    dropout_to_train_mode(proto)
     names = params if params is not None else default_parameters(proto, loss)
     initial = _lift_parameters(proto, names)
+    initial.update((stat.input, stat.value) for stat in running)
     report = None
     if precision != "float32":
         settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True)
@@ -133,13 +146,14 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
             settings = replace(settings, calibrate=[sample], range_check="off")
         analysis, stats = rewrite(proto, settings.validated(), None)
         report = build_report(analysis, stats)
-    step = _assemble(proto, loss, names, initial, opt, scaling)
+        options = replace(options or ConvertOptions(), precision=precision)
+    step = _assemble(proto, loss, names, initial, opt, scaling, running)
     data = [i.name for i in proto.graph.input if i.name not in {c.input for c in step.carried} | set(_hyper())]
     spec = StepSpec(data=data, labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr="lr", weight_decay="weight_decay", precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling))
-    return TrainingStep(proto, spec, step.initial, original, forward, report)
+    return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
 
 
 def _hyper() -> tuple[str, ...]:
@@ -174,7 +188,7 @@ class _Assembled:
 
 
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
-              opt: SGD | AdamW, scaling: LossScale) -> _Assembled:
+              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat]) -> _Assembled:
     graph = proto.graph
     scalar_inputs = ["lr", "weight_decay", "loss_scale", "clean_steps", "step"]
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
@@ -205,6 +219,10 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
             if role != "param":
                 values[old] = np.zeros_like(initial[param])
                 graph.input.append(helper.make_tensor_value_info(old, FLOAT, list(initial[param].shape)))
+    for stat in running:  # a skipped step keeps the old statistics too
+        moved = stat.output if b.types.get(stat.output) == FLOAT else b.op("Cast", stat.output, to=FLOAT)
+        outputs[stat.input] = b.op("Where", found_inf, stat.input, moved) if scaling.checks else moved
+        carried.append(Carried(stat.input, "", list(stat.value.shape), role=stat.role))
     next_step = b.op("Where", found_inf, "step", taking)
     if scaling.mode == "dynamic":
         scaling_state = update(b, scaling, "loss_scale", "clean_steps", found_inf)
@@ -228,7 +246,9 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
 
 def save(step: TrainingStep, path: str | os.PathLike) -> None:
     """Write the step graph, its description (``.json``) and its first values (``.init.npz``)."""
-    io.save(step.model, path, None)
     stem = os.fspath(path)
-    io.save_text(stem + ".json", step.spec.to_json())
-    np.savez(stem + ".init.npz", **step.initial)
+    with open(stem + ".init.npz.part", "wb") as sink:
+        np.savez(sink, **step.initial)
+    io.save_text(Path(stem + ".json"), step.spec.to_json())
+    io.save(step.model, path, None)
+    os.replace(stem + ".init.npz.part", stem + ".init.npz")

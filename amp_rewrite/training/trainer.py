@@ -20,8 +20,13 @@ from onnx import numpy_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
+from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.training.step import TrainingStep
 
+MODEL_STATE = ("param", "running_mean", "running_var")
+"""Carried roles that are initializers of the model (the rest is optimizer and scaler state)."""
 SKIP_WARNING = 50
 """Consecutive skipped steps after which the trainer warns (a forward that makes NaN drives
 the scale towards zero and skips forever)."""
@@ -109,7 +114,8 @@ class Trainer:
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
-        return {c.input: self.value(c.input) for c in self.spec.params}
+        """The model's trained initializers: parameters and BatchNormalization running statistics."""
+        return {c.input: self.value(c.input) for c in self.spec.carried if c.role in MODEL_STATE}
 
     # -- epochs -----------------------------------------------------------------------------------
     def fit(self, data: Mapping[str, np.ndarray], epochs: int = 1, batch_size: int = 32,
@@ -117,6 +123,7 @@ class Trainer:
         """Shuffled mini-batches for ``epochs`` epochs; returns the per-epoch history."""
         count = _sample_count(data, self.spec.data)
         history = History()
+        live = progress and sys.stderr.isatty()
         rng = np.random.default_rng(seed)
         for epoch in range(1, epochs + 1):
             order = rng.permutation(count)
@@ -130,7 +137,7 @@ class Trainer:
                 history.scales.append(result.scale)
                 if result.skipped:
                     history.skipped_steps.append(self.steps)
-                if progress:
+                if live:
                     rate = (k + 1) * batch_size / max(time.perf_counter() - started, 1e-9)
                     print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4f} scale "
                           f"{result.scale:g} skipped {skipped} {rate:.0f} samples/s", end="", file=sys.stderr)
@@ -141,9 +148,7 @@ class Trainer:
                 record["eval"] = self.evaluate(eval_data, batch_size)
             history.epochs.append(record)
             if progress:
-                shown = f" eval {record['eval']}" if "eval" in record else ""
-                print(f"\repoch {epoch}/{epochs} loss {record['loss']:.4f} skipped {skipped}{shown}",
-                      file=sys.stderr)
+                print(f"\r{describe(record)}", file=sys.stderr)
         return history
 
     def evaluate(self, data: Mapping[str, np.ndarray], batch_size: int = 256) -> dict[str, float]:
@@ -188,6 +193,14 @@ class Trainer:
         """The input model, graph unchanged, with the trained weights (float32)."""
         io.save(self.with_weights(self.step_graph.original), path, None)
 
+    def export_mixed(self, path) -> Report:
+        """The trained model's mixed-precision rewrite, with the options the step was built with."""
+        proto = self.with_weights(self.step_graph.original)
+        options = self.step_graph.options or ConvertOptions()
+        analysis, stats = rewrite(proto, options.validated(), None)
+        io.save(proto, path, None)
+        return build_report(analysis, stats)
+
 
 def _sample_count(data: Mapping[str, np.ndarray], names) -> int:
     missing = [n for n in names if n not in data]
@@ -197,3 +210,15 @@ def _sample_count(data: Mapping[str, np.ndarray], names) -> int:
     if len(set(lengths.values())) != 1:
         raise UserError("the data's arrays disagree in length: " + ", ".join(f"{n}: {v}" for n, v in lengths.items()))
     return next(iter(lengths.values()))
+
+
+def describe(record: dict) -> str:
+    """One line for an epoch's record."""
+    line = (f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['skipped']} skipped, scale "
+            f"{record['scale']:g}, {record['seconds']:.1f} s")
+    evaluation = record.get("eval")
+    if evaluation:
+        line += f"; eval loss {evaluation['loss']:.4f}"
+        if "accuracy" in evaluation:
+            line += f", accuracy {evaluation['accuracy']:.1%}"
+    return line

@@ -1,0 +1,40 @@
+"""``amp-rewrite train-graph``: write the training step graph and its description, to drive elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+
+from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options, training_arguments
+from amp_rewrite.ir import io
+from amp_rewrite.training import build
+from amp_rewrite.training.step import save
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("train-graph", help="write one training step as an ONNX graph (+ .json, .init.npz)")
+    parser.add_argument("input", help="the float32 ONNX model")
+    parser.add_argument("-o", "--output-graph", dest="target", required=True, metavar="STEP.onnx",
+                        help="where to write the step graph; STEP.onnx.json and STEP.onnx.init.npz go beside it")
+    parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+    training_arguments(parser)
+    coloring_arguments(parser, float32=True)
+
+
+def build_step(args: argparse.Namespace):
+    """The training step the flags describe (shared with ``train``)."""
+    return build(args.input, loss=args.loss, params=args.param, optimizer_spec=args.optimizer,
+                 precision=args.precision, loss_scale=args.loss_scale, options=convert_options(args),
+                 output=args.output, labels=args.labels, batchnorm=args.batchnorm)
+
+
+def run(args: argparse.Namespace) -> int:
+    io.check_output_path(args.input, args.target)
+    step = build_step(args)
+    save(step, args.target)
+    if not args.quiet:
+        spec = step.spec
+        print(f"amp-rewrite: training step ({spec.precision}, {spec.optimizer}, loss scale "
+              f"{spec.loss_scale['mode']}): {len(spec.params)} parameters, {len(step.model.graph.node)} nodes")
+        print(f"  inputs: data {', '.join(spec.data)}; hyper-parameters {spec.lr}, {spec.weight_decay}")
+        print(f"  wrote {args.target}, {args.target}.json, {args.target}.init.npz")
+    return EXIT_OK

@@ -1,0 +1,111 @@
+"""Train mode for the step's forward: BatchNormalization on batch statistics, Dropout active.
+
+A BatchNormalization node becomes standard ops (as PyTorch's train mode computes it):
+the batch mean and biased variance over every axis but the channel normalise the
+input, and the running statistics move towards the batch's (the variance's unbiased
+estimate, as PyTorch keeps it) with the node's momentum. Reductions are ops like any
+other, so the mixed-precision policy keeps them float32 and the gradient needs no
+BatchNormalization rule. The running statistics become carried state: graph inputs
+and outputs of the step. Dropout nodes get ``training_mode`` true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from amp_rewrite.errors import UserError
+from amp_rewrite.ir.builder import GraphBuilder, Names
+from amp_rewrite.ir.opsets import default_opset
+from amp_rewrite.ir.sizes import ValueSizes
+from amp_rewrite.ir.tensors import read_array
+from amp_rewrite.ir.types import typed_index
+
+
+@dataclass
+class RunningStat:
+    input: str
+    output: str
+    role: str
+    value: np.ndarray
+
+
+def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
+    """Rewrite every top-level BatchNormalization (in place); return the running statistics,
+    now graph inputs, with the values that update them."""
+    index = typed_index(proto)
+    sizes = ValueSizes(index)
+    b = GraphBuilder(Names.of_model(proto), default_opset(proto) or 17,
+                     {v.name: v.elem_type for v in index.all_values() if v.elem_type}, prefix="bn_")
+    tensors = {t.name: t for t in proto.graph.initializer}
+    stats: list[RunningStat] = []
+    kept = []
+    for node in index.nodes:
+        proto_node = node.proto
+        if node.graph != 0 or node.op_type != "BatchNormalization" or node.domain != "":
+            continue
+        x, scale, bias, mean, var = proto_node.input[:5]
+        if mean not in tensors or var not in tensors:
+            raise UserError(f"BatchNormalization {node.label!r}: its running statistics are not initializers, "
+                            "so they cannot be trained; pass batchnorm='freeze'")
+        shape = sizes.shape(index.values[node.inputs[0]])
+        if shape is None:
+            raise UserError(f"BatchNormalization {node.label!r}: the rank of its input is unknown")
+        attrs = {a.name: helper.get_attribute_value(a) for a in proto_node.attribute}
+        eps, momentum = attrs.get("epsilon", 1e-5), attrs.get("momentum", 0.9)
+        axes = [0, *range(2, len(shape))]
+        channel = [1, -1] + [1] * (len(shape) - 2)  # per-channel values broadcast over the input
+        step = b.child()
+        batch_mean = step.axes_op("ReduceMean", x, axes, keepdims=1)
+        centred = step.op("Sub", x, batch_mean)
+        batch_var = step.axes_op("ReduceMean", step.op("Mul", centred, centred), axes, keepdims=1)
+        inv_std = step.op("Reciprocal", step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x))))
+        gain = step.op("Reshape", scale, step.ints(channel))
+        shift = step.op("Reshape", bias, step.ints(channel))
+        step.op("Add", step.op("Mul", step.op("Mul", centred, inv_std), gain), shift,
+                outputs=[proto_node.output[0]])
+        count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)), to=b.types[x])
+        unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=x))))
+        for stat, batch_value, role in ((mean, batch_mean, "running_mean"), (var, unbiased, "running_var")):
+            flat = step.op("Reshape", batch_value, step.ints([-1]))
+            moved = step.op("Add", step.op("Mul", stat, step.const(momentum, like=stat)),
+                            step.op("Mul", flat, step.const(1 - momentum, like=stat)))
+            stats.append(RunningStat(stat, moved, role, read_array(tensors[stat], None).astype(np.float32)))
+        kept.append((proto_node, step.nodes))
+    for proto_node, nodes in kept:
+        graph = proto.graph.node
+        at = list(graph).index(proto_node)
+        del graph[at]
+        for offset, new in enumerate(nodes):
+            graph.insert(at + offset, new)
+    for stat in stats:
+        proto.graph.initializer.remove(tensors[stat.input])
+        proto.graph.input.append(helper.make_tensor_value_info(stat.input, TensorProto.FLOAT, list(stat.value.shape)))
+    return stats
+
+
+def dropout_to_train_mode(proto: onnx.ModelProto) -> int:
+    """Give every Dropout ``training_mode`` true (its ratio defaults to 0.5); return how many."""
+    names = Names.of_model(proto)
+    count = 0
+    for node in proto.graph.node:
+        if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.input) < 2 or not node.input[1]:
+            ratio = next((a.f for a in node.attribute if a.name == "ratio"), 0.5)
+            ratio_name = names.fresh(f"{node.name or 'dropout'}_ratio")
+            proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array(ratio, np.float32), ratio_name))
+            del node.input[1:]
+            node.input.append(ratio_name)
+        flag = names.fresh(f"{node.name or 'dropout'}_training")
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array(True), flag))
+        del node.input[2:]
+        node.input.append(flag)
+        kept = [a for a in node.attribute if a.name not in ("ratio", "is_test")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        count += 1
+    return count
