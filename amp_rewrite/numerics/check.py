@@ -26,13 +26,10 @@ from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import Suspect, localize
 from amp_rewrite.runtime import instrument, samples
-from amp_rewrite.runtime.emulate import LOW_TYPES, emulated
+from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.samples import Sample
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
-LOW_PRECISION_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider",
-                                     "ROCMExecutionProvider", "DmlExecutionProvider"})
-"""Providers that run float16 nodes in float16; elsewhere the check emulates by default."""
 
 
 @dataclass

@@ -21,6 +21,9 @@ from amp_rewrite.ir.types import typed_index
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE, op_key
 
 LOW_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
+LOW_PRECISION_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider",
+                                     "ROCMExecutionProvider", "DmlExecutionProvider"})
+"""Providers that run float16 nodes in float16; elsewhere runs emulate by default."""
 _SUFFIX = "__amp_emul"
 
 

@@ -23,6 +23,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
+from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training.step import TrainingStep
 
 MODEL_STATE = ("param", "running_mean", "running_var")
@@ -48,7 +49,11 @@ class History:
 
 class Trainer:
     def __init__(self, step: TrainingStep, provider: str = "CPUExecutionProvider", lr: float = 1e-3,
-                 weight_decay: float = 0.0) -> None:
+                 weight_decay: float = 0.0, emulate: bool | None = None) -> None:
+        """``emulate`` (default: unless the provider runs float16 natively) runs the step with every
+        low-precision value rounded where it is produced (``runtime.emulate``): the CPU provider
+        computes most float16 nodes in float32 and drops the roundings between them, so without
+        emulation a float16 step there would neither overflow nor underflow as it does on a GPU."""
         import onnxruntime as ort
 
         if provider not in ort.get_available_providers():
@@ -62,7 +67,9 @@ class Trainer:
         options.log_severity_level = 3
         # Basic optimizations only: fusions across the casts would change the precision chosen.
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        self.session = ort.InferenceSession(step.model.SerializeToString(), options, providers=[provider])
+        self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
+        model = emulated(step.model) if self.emulated else step.model
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
