@@ -1,0 +1,129 @@
+"""``amp-rewrite train`` and ``train-graph``: outputs, and one line with exit 2 (nothing written)
+for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_rewrite.cli import main
+from tests.gradcheck import ort_run
+from tests.test_training_step import _mlp
+
+
+@pytest.fixture()
+def files(tmp_path):
+    model = _mlp()
+    argmax = helper.make_node("ArgMax", ["logits"], ["predicted"], axis=1, keepdims=0)
+    model.graph.node.append(argmax)
+    model.graph.output.append(helper.make_tensor_value_info("predicted", TensorProto.INT64, ["N"]))
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (40, 4)).astype(np.float32)
+    data = tmp_path / "train.npz"
+    np.savez(data, x=x, labels=(x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0))
+    return tmp_path, path, data
+
+
+def _train_args(path, data, out, *extra):
+    return ["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "logits", "--labels",
+            "labels", "-o", str(out), "--quiet", *extra]
+
+
+def test_train_writes_the_trained_model_mixed_model_and_report(files):
+    folder, path, data = files
+    out, mixed, report = folder / "t.onnx", folder / "t.mixed.onnx", folder / "r.json"
+    before = path.read_bytes()
+    assert main(_train_args(path, data, out, "--epochs", "3", "--lr", "0.05", "--mixed-output", str(mixed),
+                            "--report", str(report), "--eval", str(data))) == 0
+    assert path.read_bytes() == before
+    trained, original = onnx.load(out), onnx.load(path)
+    assert [(n.op_type, list(n.input)) for n in trained.graph.node] == \
+        [(n.op_type, list(n.input)) for n in original.graph.node]
+    changed = [t.name for t, o in zip(trained.graph.initializer, original.graph.initializer)
+               if not np.array_equal(numpy_helper.to_array(t), numpy_helper.to_array(o))]
+    assert changed == ["w1", "b1", "w2", "b2"]
+    low = [n for n in onnx.load(mixed).graph.initializer if n.data_type == TensorProto.FLOAT16]
+    assert low, "the mixed model holds float16 weights"
+    result = json.loads(report.read_text())
+    assert [e["epoch"] for e in result["epochs"]] == [1, 2, 3]
+    assert result["epochs"][-1]["loss"] < result["epochs"][0]["loss"]
+    assert "accuracy" in result["epochs"][-1]["eval"] and len(result["scales"]) == result["steps"] == 6
+    assert result["skipped_steps"] == []
+
+
+def test_train_graph_writes_a_step_a_description_and_first_values(files):
+    folder, path, _ = files
+    step = folder / "step.onnx"
+    assert main(["train-graph", str(path), "--loss", "cross-entropy", "--output", "logits", "--optimizer", "sgd",
+                 "-o", str(step), "--quiet"]) == 0
+    graph = onnx.load(step)
+    onnx.checker.check_model(graph, full_check=True)
+    spec = json.loads((folder / "step.onnx.json").read_text())
+    initial = dict(np.load(folder / "step.onnx.init.npz"))
+    assert spec["data"] == ["x", "labels"] and spec["optimizer"] == "sgd"
+    assert set(initial) == {c["input"] for c in spec["carried"]}
+    feeds = {**initial, "x": np.ones((2, 4), np.float32), "labels": np.array([0, 2]), "lr": np.array(0.1, np.float32),
+             "weight_decay": np.array(0.0, np.float32)}
+    out = ort_run(graph, feeds, [spec["loss"], spec["skipped"]])
+    assert np.isfinite(out[spec["loss"]]) and not out[spec["skipped"]]
+
+
+def _det_model(folder):
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Det", ["h"], ["d"]),
+             helper.make_node("Unsqueeze", ["d", "axis"], ["logits"])]
+    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1])],
+                              [w, numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    path = folder / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    data = folder / "det.npz"
+    np.savez(data, x=np.ones((4, 4, 4), np.float32), labels=np.zeros((4, 1), np.float32))
+    return path, data
+
+
+@pytest.mark.parametrize("case, message", [
+    ("labels missing", "has no array for labels"),
+    ("labels wrong shape", "array 'labels' has shape [40, 2]"),
+    ("lengths disagree", "disagree in length"),
+    ("labels out of range", "labels must be class indices in [0, 3)"),
+    ("output not float", "'predicted' is not a float tensor"),
+    ("no gradient rule", "no gradient rule for Det"),
+    ("bad loss scale", "--loss-scale must be dynamic, none or a number"),
+])
+def test_train_user_errors_are_one_line_and_write_nothing(files, capsys, case, message):
+    folder, path, data = files
+    x = np.load(data)["x"]
+    labels = np.load(data)["labels"]
+    bad = folder / "bad.npz"
+    args = None
+    if case == "labels missing":
+        np.savez(bad, x=x)
+    elif case == "labels wrong shape":
+        np.savez(bad, x=x, labels=np.stack([labels, labels], 1))
+    elif case == "lengths disagree":
+        np.savez(bad, x=x, labels=labels[:10])
+    elif case == "labels out of range":
+        np.savez(bad, x=x, labels=labels + 5)
+    elif case == "output not float":
+        np.savez(bad, x=x, labels=labels)
+        args = _train_args(path, bad, folder / "t.onnx")
+        args[args.index("logits")] = "predicted"
+    elif case == "no gradient rule":
+        path, bad = _det_model(folder)
+        args = ["train", str(path), "--data", str(bad), "--loss", "mse", "--output", "logits", "-o",
+                str(folder / "t.onnx"), "--quiet"]
+    else:
+        np.savez(bad, x=x, labels=labels)
+        args = _train_args(path, bad, folder / "t.onnx", "--loss-scale", "lots")
+    code = main(args or _train_args(path, bad, folder / "t.onnx", "--mixed-output", str(folder / "t.mixed.onnx")))
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.count("\n") == 0 and message in err, err
+    assert not (folder / "t.onnx").exists() and not (folder / "t.mixed.onnx").exists()
