@@ -2,8 +2,9 @@
 
 - ``cross-entropy``: mean over samples (and positions, for ``[N, C, d...]`` outputs) of
   ``-log softmax(logits)[label]`` with integer class labels ``[N, d...]``. When the
-  output is itself a Softmax, the loss reads the Softmax's input (the logits), so the
-  log of a probability that rounded to zero never appears.
+  output is a Softmax's (possibly reshaped), the log-probabilities are a LogSoftmax of
+  the Softmax's own input on its axis, reshaped as the output is: the log of a
+  probability that rounded to zero never appears, nor a 1/p gradient that overflows.
 - ``mse``: mean of ``(output - labels)^2``, labels shaped like the output.
 
 The loss is built in the output's element type, before the mixed-precision rewrite,
@@ -23,6 +24,7 @@ from amp_rewrite.ir.opsets import default_opset
 from amp_rewrite.ir.types import typed_index
 
 LOSSES = ("cross-entropy", "mse")
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 LOSS_NAME = "loss"
 
 
@@ -61,10 +63,16 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
         if len(shape) < 2:
             raise UserError(f"a cross-entropy loss needs an output shaped [batch, classes, ...]; {output!r} has "
                             f"rank {len(shape)}")
-        producer = index.producer_node(value)
-        logits = producer.proto.input[0] if producer is not None and producer.op_type == "Softmax" and \
-            producer.domain == "" and _softmax_over_classes(producer.proto, len(shape)) else output
-        log_probs = b.op("LogSoftmax", logits, axis=1)
+        chain = _softmax_behind(index, value)
+        if chain:  # log(probabilities) from the Softmax's own input, then the same reshapes
+            softmax, *reshapes = chain
+            axis = next((a.i for a in softmax.proto.attribute if a.name == "axis"), -1)
+            log_probs = b.op("LogSoftmax", softmax.proto.input[0], axis=axis)
+            for node in reshapes:
+                attributes = {a.name: helper.get_attribute_value(a) for a in node.proto.attribute}
+                log_probs = b.op(node.op_type, log_probs, *node.proto.input[1:], **attributes)
+        else:
+            log_probs = b.op("LogSoftmax", output, axis=1)
         picked = b.op("GatherElements", log_probs, b.axes_op("Unsqueeze", labels, [1]), axis=1)
         b.op("Neg", b.axes_op("ReduceMean", picked, None, keepdims=0), outputs=[LOSS_NAME])
         labels_shape = [shape[0], *shape[2:]]
@@ -78,6 +86,14 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
     return AttachedLoss(LOSS_NAME, labels, b.types[labels], output)
 
 
-def _softmax_over_classes(node: onnx.NodeProto, rank: int) -> bool:
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    return axis % rank == 1 and rank == 2
+def _softmax_behind(index, value) -> list:
+    """[the Softmax the value comes from, then the reshapes between them], or [] when it is no
+    Softmax's output."""
+    chain = []
+    node = index.producer_node(value)
+    while node is not None and node.domain == "" and node.op_type in _RESHAPES:
+        chain.append(node)
+        node = index.producer_node(index.values[node.inputs[0]])
+    if node is None or node.domain != "" or node.op_type != "Softmax":
+        return []
+    return [node, *reversed(chain)]

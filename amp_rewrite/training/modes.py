@@ -81,8 +81,11 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
         del graph[at]
         for offset, new in enumerate(nodes):
             graph.insert(at + offset, new)
+    listed = {i.name: i for i in proto.graph.input}
     for stat in stats:
         proto.graph.initializer.remove(tensors[stat.input])
+        if stat.input in listed:  # an initializer listed as an input (IR < 4)
+            proto.graph.input.remove(listed[stat.input])
         proto.graph.input.append(helper.make_tensor_value_info(stat.input, TensorProto.FLOAT, list(stat.value.shape)))
     return stats
 

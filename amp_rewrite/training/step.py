@@ -148,7 +148,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
     step = _assemble(proto, loss, names, initial, opt, scaling, running)
-    data = [i.name for i in proto.graph.input if i.name not in {c.input for c in step.carried} | set(_hyper())]
+    not_data = {c.input for c in step.carried} | set(_hyper()) | {t.name for t in proto.graph.initializer}
+    data = [i.name for i in proto.graph.input if i.name not in not_data]  # IR < 4 lists initializers as inputs
     spec = StepSpec(data=data, labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr="lr", weight_decay="weight_decay", precision=precision, optimizer=opt.name,
