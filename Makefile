@@ -38,6 +38,7 @@ bench: install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/validate_bench.py
 	$(PY) benchmarks/grad_bench.py
+	$(PY) benchmarks/train_bench.py
 
 clean:
 	rm -rf $(VENV) out benchmarks/work

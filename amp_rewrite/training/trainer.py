@@ -70,6 +70,9 @@ class Trainer:
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
         model = emulated(step.model) if self.emulated else step.model
         self.session = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
+        if provider not in self.session.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
+            raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
+                            f"the session got {', '.join(self.session.get_providers())}")
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
