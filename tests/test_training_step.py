@@ -156,3 +156,19 @@ def ort_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
                               [numpy_helper.from_array(w, "w")])
     return ort_run(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), {"x": x},
                    ["y"])["y"]
+
+
+def test_bfloat16_step_trains_without_loss_scaling():
+    step = build(_mlp(), loss="cross-entropy", output="logits", precision="bfloat16")
+    assert step.spec.loss_scale["mode"] == "none" and step.report.precision == "bfloat16"
+    assert any(t == TensorProto.BFLOAT16 for t in _value_types(step.model))
+    trainer = Trainer(step, lr=0.05)
+    batch = _batch(n=16)
+    losses = [trainer.step(batch).loss for _ in range(8)]
+    assert losses[-1] < 0.7 * losses[0] and trainer.scale == 1.0
+
+
+def _value_types(model: onnx.ModelProto):
+    from amp_rewrite.ir.types import typed_index
+
+    return {v.elem_type for v in typed_index(model).all_values()}
