@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,9 +65,10 @@ def main() -> None:
              "us per forward node | peak MiB |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for size in (int(s) for s in args.sizes.split(",")):
         for variant in ("float32", "mixed"):
-            done = subprocess.run([sys.executable, __file__, "--one", str(size), variant], capture_output=True,
-                                  text=True, check=True)
-            r = json.loads(done.stdout.strip().splitlines()[-1])
+            r = results.child([sys.executable, __file__, "--one", str(size), variant])
+            if "error" in r:
+                lines.append(f"| {size} (target) | {variant} | failed: {r['error'][:80]} | | | | | |")
+                continue
             lines.append(f"| {r['forward']} | {variant} | {r['total']} | {r['total'] / r['forward']:.2f} | "
                          f"{r['grads']} | {r['seconds']:.2f} | {1e6 * r['seconds'] / r['forward']:.0f} | "
                          f"{r['peak_mib']:.0f} |")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -33,3 +35,13 @@ def write(head: list[str] | None = None, sections: dict[str, list[str]] | None =
         current[title] = "\n".join([f"## {title}", "", *lines]).rstrip()
     text = ("\n".join(head) if head is not None else current_head).rstrip()
     RESULTS.write_text(text + "\n\n" + "\n\n".join(current.values()) + "\n")
+
+
+def child(command: list[str]) -> dict:
+    """Run one measurement in its own process: the JSON object its last output line holds, or
+    ``{"error": its last line of errors}``."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    output = done.stdout.strip().splitlines()
+    if done.returncode == 0 and output:
+        return json.loads(output[-1])
+    return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}

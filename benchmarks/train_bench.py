@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -146,10 +145,7 @@ def main() -> None:
                 command = [sys.executable, __file__, "--one", str(batch), precision, "--image-size",
                            str(args.image_size), "--steps", str(args.steps), *(["--torch"] if backend == "torch"
                                                                                  else [])]
-                done = subprocess.run(command, capture_output=True, text=True)
-                output = done.stdout.strip().splitlines()
-                row[backend, precision] = json.loads(output[-1]) if done.returncode == 0 and output else \
-                    {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+                row[backend, precision] = results.child(command)
         fp32, mixed = row["onnx", "float32"], row["onnx", "float16"]
 
         def ms(r):
