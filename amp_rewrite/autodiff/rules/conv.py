@@ -1,1 +1,744 @@
-"""Gradient rules: conv (being written)."""
+"""Gradient rules: convolution, pooling, padding, resizing and LRN.
+
+Windowed ops (Conv, ConvTranspose, the pools) share one geometry, :class:`Window`:
+kernel, strides, dilations and the pads the op really applies (``auto_pad``
+resolved from the static input shape). Two adjoints serve them all:
+
+- the gradient of a sum over windows with respect to what the windows read is
+  a ``ConvTranspose`` of GO with the same strides, dilations and groups,
+  cropped (symmetric pads, then ``Slice``) or extended (``output_padding``) to
+  exactly the input's spatial size (:func:`_window_adjoint`); asymmetric
+  ConvTranspose pads are avoided because ONNX Runtime's CUDA provider sends
+  them back to the CPU;
+- the gradient of a convolution with respect to its kernel is a ``Conv`` of
+  one operand by the other with batch and channel axes swapped, the forward's
+  strides as dilations and its dilations as strides, cut to the kernel's size
+  (:func:`_weight_grad`).
+
+MaxPool scatters GO to the positions its ``Indices`` output names (adding that
+output to the forward node when it has none); AveragePool spreads GO divided by
+each window's divisor; Resize is linear in its input along each resized axis,
+so its gradient multiplies GO by the transposed interpolation matrix of each
+axis, computed at build time with ONNX's Resize semantics (the reference
+implementation's, ``onnx/reference/ops/op_resize.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.registry import register
+from amp_rewrite.errors import UserError
+
+_END = 2**62
+"""A Slice bound past any extent."""
+
+Dims = tuple[int, ...]
+
+
+def _fail(ctx: Context, why: str) -> UserError:
+    return UserError(f"cannot differentiate {ctx.node.op_type} node {ctx.node.name or ctx.O(0)!r}: {why}")
+
+
+def _spatial(ctx: Context, name: str) -> Dims | None:
+    """The static extents of ``name``'s axes after batch and channel, or None."""
+    shape = ctx.shape(name)
+    if shape is None or len(shape) < 2 or not all(isinstance(d, int) and d >= 0 for d in shape[2:]):
+        return None
+    return tuple(shape[2:])
+
+
+def _spatial_value(ctx: Context, name: str) -> str:
+    """The extents of ``name``'s spatial axes as an int64 value."""
+    return ctx.b.op("Shape", name, start=2)
+
+
+def _ones(ctx: Context, shape: str, like: str) -> str:
+    """Ones of the (int64 value) ``shape``, of ``like``'s element type."""
+    dtype = helper.tensor_dtype_to_np_dtype(ctx.b.types[like])
+    return ctx.b.op("ConstantOfShape", shape, value=numpy_helper.from_array(np.ones(1, dtype)))
+
+
+# -- window geometry ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """Where a windowed op reads: window ``o`` of axis ``i`` covers the (padded) input positions
+    ``o * strides[i] - begin[i] + k * dilations[i]`` for ``k < kernel[i]``."""
+
+    kernel: Dims
+    strides: Dims
+    dilations: Dims
+    begin: Dims
+    end: Dims
+
+    def span(self, i: int) -> int:
+        return self.dilations[i] * (self.kernel[i] - 1) + 1
+
+    def out_size(self, spatial: Dims, ceil_mode: bool = False) -> Dims:
+        """The output extents of a convolution (or a pool, with ``ceil_mode``) over ``spatial``."""
+        sizes = []
+        for i, extent in enumerate(spatial):
+            room, stride = extent + self.begin[i] + self.end[i] - self.span(i), self.strides[i]
+            size = (-(-room // stride) if ceil_mode else room // stride) + 1
+            if ceil_mode and (size - 1) * stride >= extent + self.begin[i]:
+                size -= 1  # the last window starts inside the input or its leading pad
+            sizes.append(size)
+        return tuple(sizes)
+
+    @property
+    def attrs(self) -> dict:
+        return {"strides": list(self.strides), "dilations": list(self.dilations)}
+
+
+def _window(ctx: Context, kernel: Dims, spatial: Dims | None) -> Window:
+    """The node's window with ``auto_pad`` resolved into explicit pads."""
+    n = len(kernel)
+    strides = tuple(ctx.attr("strides") or (1,) * n)
+    dilations = tuple(ctx.attr("dilations") or (1,) * n)
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if spatial is None:
+            raise _fail(ctx, f"auto_pad={auto_pad} pads by the input's spatial shape, which is not static here; "
+                             "give the input static spatial dimensions or the node explicit pads")
+        spans = [d * (k - 1) + 1 for d, k in zip(dilations, kernel)]
+        total = [max(0, (-(-s // st) - 1) * st + span - s) for s, st, span in zip(spatial, strides, spans)]
+        small, large = tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
+        begin, end = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+    elif auto_pad == "VALID":
+        begin = end = (0,) * n
+    else:
+        pads = tuple(ctx.attr("pads") or (0,) * (2 * n))
+        begin, end = pads[:n], pads[n:]
+    return Window(tuple(kernel), strides, dilations, begin, end)
+
+
+def _kernel(ctx: Context, weight: str) -> Dims:
+    kernel = ctx.attr("kernel_shape")
+    if kernel:
+        return tuple(kernel)
+    found = _spatial(ctx, weight)
+    if found is None:
+        raise _fail(ctx, "its kernel shape is neither an attribute nor a static weight shape")
+    return found
+
+
+def _out_spatial(ctx: Context, win: Window, spatial: Dims | None, ceil_mode: bool = False) -> Dims | None:
+    found = _spatial(ctx, ctx.O(0))
+    if found is not None:
+        return found
+    return win.out_size(spatial, ceil_mode) if spatial is not None else None
+
+
+# -- the two adjoints ---------------------------------------------------------------------------------
+def _window_adjoint(ctx: Context, grad: str, weight: str, win: Window, x: str, spatial: Dims | None,
+                    out: Dims | None, group: int = 1) -> str:
+    """Each window's gradient (``grad``, N x M x out) sent back through ``weight`` (M x C/group x
+    kernel) to the positions it read: a ConvTranspose shaped exactly like ``x`` (N x C x spatial)."""
+    b = ctx.b
+    attrs = dict(win.attrs, group=group if group > 1 else None)
+    axes = list(range(2, 2 + len(win.kernel)))
+    if spatial is not None and out is not None:
+        # The un-padded ConvTranspose covers padded positions [0, full); x is [begin, begin + extent).
+        full = [(o - 1) * s + win.span(i) for i, (o, s) in enumerate(zip(out, win.strides))]
+        excess = [f - p - e for f, p, e in zip(full, win.begin, spatial)]
+        trim = [max(0, min(p, x_)) for p, x_ in zip(win.begin, excess)]
+        extra = [max(0, -x_) for x_ in excess]
+        y = b.op("ConvTranspose", grad, weight, pads=trim + trim,
+                 output_padding=extra if any(extra) else None, **attrs)
+        starts = [p - t for p, t in zip(win.begin, trim)]
+        ends = [s + e for s, e in zip(starts, spatial)]
+        made = [f + x_ - 2 * t for f, x_, t in zip(full, extra, trim)]
+        if starts == [0] * len(starts) and ends == made:
+            return y
+        return b.op("Slice", y, b.ints(starts), b.ints(ends), b.ints(axes))
+    # Spatial extents known only at run time: pad the full result by stride - 1 (enough for the
+    # remainder the windows did not reach), then cut the input's extent out of it.
+    y = b.op("ConvTranspose", grad, weight, **attrs)
+    if max(win.strides) > 1:
+        y = b.op("Pad", y, b.ints([0] * (2 + len(axes)) + [0, 0] + [s - 1 for s in win.strides]))
+    ends = b.op("Add", b.ints(win.begin), _spatial_value(ctx, x))
+    return b.op("Slice", y, b.ints(win.begin), ends, b.ints(axes))
+
+
+def _weight_grad(ctx: Context, a: str, a_spatial: Dims | None, channels: int, other: str,
+                 other_spatial: Dims | None, group: int, strides: Dims, dilations: Dims, begin: Dims, end: Dims,
+                 kernel: Dims) -> str:
+    """sum over n and positions of ``a`` (N x channels x ...) against ``other`` (N x B x ...) at
+    each kernel offset: a Conv with the batch as its contraction axis, shaped B x channels/group
+    x kernel (the weight of a Conv reading ``a`` and writing ``other``, or of a ConvTranspose
+    reading ``other`` and writing ``a``)."""
+    b = ctx.b
+    n = len(kernel)
+    swap = [1, 0, *range(2, 2 + n)]
+    if group == 1:
+        lhs = b.op("Transpose", a, perm=swap)
+    else:  # N x (g * per) x S -> per x (g * N) x S, so that Conv's group g pairs group i of a with that of other
+        per = channels // group
+        if a_spatial is not None:
+            first, second = b.ints([0, group, per, *a_spatial]), b.ints([per, -1, *a_spatial])
+        else:
+            tail = _spatial_value(ctx, a)
+            first = b.op("Concat", b.ints([0, group, per]), tail, axis=0)
+            second = b.op("Concat", b.ints([per, -1]), tail, axis=0)
+        moved = b.op("Transpose", b.op("Reshape", a, first), perm=[2, 1, 0, *range(3, 3 + n)])
+        lhs = b.op("Reshape", moved, second)
+    rhs = b.op("Transpose", other, perm=swap)
+    y = b.op("Conv", lhs, rhs, group=group if group > 1 else None, strides=list(strides),
+             dilations=list(dilations), pads=list(begin) + list(end))
+    y = b.op("Transpose", y, perm=swap)
+    if a_spatial is not None and other_spatial is not None:
+        made = [(sa + p + e - (d * (so - 1) + 1)) // st + 1
+                for sa, so, p, e, d, st in zip(a_spatial, other_spatial, begin, end, dilations, strides)]
+        if made == list(kernel):
+            return y
+    # The windows' remainder (or, without static extents, possibly nothing) past the kernel: cut it.
+    return b.op("Slice", y, b.ints([0] * n), b.ints(kernel), b.ints(list(range(2, 2 + n))))
+
+
+def _bias_grad(ctx: Context, grad: str, n: int) -> str:
+    return ctx.b.reduce_sum(grad, [0, *range(2, 2 + n)], keepdims=0)
+
+
+# -- convolutions -------------------------------------------------------------------------------------
+@register("Conv")
+def _conv(ctx: Context):
+    """Y = X (*) W + B, windows per ``Window``; dX a ConvTranspose of GO with W, dW a Conv of X
+    with GO, dB the sum of GO over all axes but channels."""
+    x, w, g = ctx.I(0), ctx.I(1), ctx.GO(0)
+    group = ctx.attr("group", 1)
+    kernel = _kernel(ctx, w)
+    spatial = _spatial(ctx, x)
+    win = _window(ctx, kernel, spatial)
+    grads = {}
+    if ctx.wants(0):
+        grads[0] = _window_adjoint(ctx, g, w, win, x, spatial, _out_spatial(ctx, win, spatial), group)
+    if ctx.wants(1):
+        grads[1] = _weight_grad(ctx, x, spatial, _channels(ctx, x, w, 1, group), g, _out_spatial(ctx, win, spatial),
+                                group, strides=win.dilations, dilations=win.strides, begin=win.begin, end=win.end,
+                                kernel=kernel)
+    if ctx.wants(2):
+        grads[2] = _bias_grad(ctx, g, len(kernel))
+    return grads
+
+
+def _channels(ctx: Context, x: str, w: str, axis: int, group: int) -> int:
+    """Channels of ``x``: from its static shape, else from the weight's (``w.shape[axis] * group``)."""
+    shape, w_shape = ctx.shape(x), ctx.shape(w)
+    if shape is not None and len(shape) > 1 and isinstance(shape[1], int):
+        return shape[1]
+    if w_shape is not None and isinstance(w_shape[axis], int):
+        return w_shape[axis] * group
+    raise _fail(ctx, "the channel count is neither in its input's nor its weight's static shape")
+
+
+@register("ConvTranspose")
+def _conv_transpose(ctx: Context):
+    """Y = ConvTranspose(X, W) + B; dX a Conv of GO with W (same strides, pads, dilations, group),
+    dW a Conv of GO with X, dB the sum of GO over all axes but channels."""
+    b, x, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
+    group = ctx.attr("group", 1)
+    kernel = _kernel(ctx, w)
+    n = len(kernel)
+    spatial, out = _spatial(ctx, x), _spatial(ctx, ctx.O(0))
+    strides = tuple(ctx.attr("strides") or (1,) * n)
+    dilations = tuple(ctx.attr("dilations") or (1,) * n)
+    extra = tuple(ctx.attr("output_padding") or (0,) * n)
+    begin, end = _transpose_pads(ctx, kernel, strides, dilations, extra, spatial)
+    grads = {}
+    if ctx.wants(0):
+        dx = b.op("Conv", g, w, group=group if group > 1 else None, strides=list(strides),
+                  dilations=list(dilations), pads=list(begin) + list(end))
+        if any(e >= s for e, s in zip(extra, strides)):  # output_padding past a stride: Conv makes extra rows
+            ends = b.ints(spatial) if spatial is not None else _spatial_value(ctx, x)
+            dx = b.op("Slice", dx, b.ints([0] * n), ends, b.ints(list(range(2, 2 + n))))
+        grads[0] = dx
+    if ctx.wants(1):
+        grads[1] = _weight_grad(ctx, g, out, _channels(ctx, ctx.O(0), w, 1, group), x, spatial, group,
+                                strides=dilations, dilations=strides, begin=begin, end=end, kernel=kernel)
+    if ctx.wants(2):
+        grads[2] = _bias_grad(ctx, g, n)
+    return grads
+
+
+def _transpose_pads(ctx: Context, kernel: Dims, strides: Dims, dilations: Dims, extra: Dims,
+                    spatial: Dims | None) -> tuple[Dims, Dims]:
+    """The pads a ConvTranspose crops from its full result (explicit, or from ``output_shape`` or
+    ``auto_pad`` as the ONNX spec computes them)."""
+    n = len(kernel)
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    target = ctx.attr("output_shape")
+    if auto_pad == "VALID":
+        return (0,) * n, (0,) * n
+    if target is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        pads = tuple(ctx.attr("pads") or (0,) * (2 * n))
+        return pads[:n], pads[n:]
+    if spatial is None:
+        raise _fail(ctx, "its pads follow from auto_pad or output_shape and the input's spatial shape, "
+                         "which is not static here")
+    target = list(target)[-n:] if target is not None else [s * st for s, st in zip(spatial, strides)]
+    total = [st * (s - 1) + e + d * (k - 1) + 1 - t
+             for s, st, e, d, k, t in zip(spatial, strides, extra, dilations, kernel, target)]
+    if any(t < 0 for t in total):
+        raise _fail(ctx, f"output_shape {target} is larger than the transposed convolution makes")
+    small, large = tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
+    return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+
+
+# -- pools --------------------------------------------------------------------------------------------
+@register("MaxPool", since=8)
+def _max_pool(ctx: Context):
+    """GO scattered (added) into zeros like X at the flat positions of MaxPool's ``Indices``
+    output, which is added to the forward node when it has none."""
+    b, x, node = ctx.b, ctx.I(0), ctx.node
+    indices = node.output[1] if len(node.output) > 1 else ""
+    if indices and ctx.attr("storage_order", 0) != 0:
+        raise _fail(ctx, "its Indices output is column-major (storage_order=1); the gradient needs row-major "
+                         "indices")
+    if not indices:
+        indices = b.names.fresh(f"{ctx.O(0)}_indices")
+        if len(node.output) > 1:
+            node.output[1] = indices
+        else:
+            node.output.append(indices)
+        b.types[indices] = TensorProto.INT64
+        for attribute in node.attribute:
+            if attribute.name == "storage_order":
+                attribute.i = 0  # nothing else reads the new Indices: make them row-major
+    flat = b.op("Reshape", b.zeros_like(x), b.ints([-1]))
+    spread = b.op("ScatterElements", flat, b.op("Reshape", indices, b.ints([-1])),
+                  b.op("Reshape", ctx.GO(0), b.ints([-1])), axis=0, reduction="add")
+    return {0: b.op("Reshape", spread, ctx.shape_value(x))}
+
+
+@register("AveragePool")
+def _average_pool(ctx: Context):
+    """Each output's gradient divided by its window's divisor, spread over the window (a
+    ConvTranspose with a ones kernel over N*C single-channel images). The divisor is the
+    kernel's size unless pads are excluded from it (count_include_pad=0) or ceil_mode cuts the
+    last windows short; then it varies per position, see :func:`_inverse_divisors`."""
+    x, g = ctx.I(0), ctx.GO(0)
+    kernel = tuple(ctx.attr("kernel_shape"))
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    spatial = _spatial(ctx, x)
+    win = _window(ctx, kernel, spatial)
+    out = _out_spatial(ctx, win, spatial, ceil_mode)
+    padded = any(win.begin) or any(win.end)
+    if not ceil_mode and (ctx.attr("count_include_pad", 0) or not padded):
+        scaled = ctx.scale(g, 1 / math.prod(kernel))
+    else:
+        scaled = ctx.b.op("Mul", g, _inverse_divisors(ctx, x, win, spatial, out, ceil_mode))
+    return {0: _spread(ctx, scaled, x, win, spatial, out)}
+
+
+def _inverse_divisors(ctx: Context, x: str, win: Window, spatial: Dims | None, out: Dims | None,
+                      ceil_mode: bool) -> str:
+    """1 / divisor of every window (1 x 1 x out), whatever convention the runtime counts pads
+    and cut-short windows by: the same AveragePool over ones gives inside/divisor, a Conv of
+    ones with a ones kernel over zero padding gives inside (the input positions in the window)."""
+    b = ctx.b
+    shape = b.ints([1, 1, *spatial]) if spatial is not None else b.op("Concat", b.ints([1, 1]),
+                                                                       _spatial_value(ctx, x), axis=0)
+    ones = _ones(ctx, shape, x)
+    attrs = {a.name: helper.get_attribute_value(a) for a in ctx.node.attribute}
+    ratio = b.op("AveragePool", ones, **attrs)
+    end = [e + (s - 1 if ceil_mode else 0) for e, s in zip(win.end, win.strides)]
+    kernel = b.const(np.ones((1, 1, *win.kernel)), like=x)
+    inside = b.op("Conv", ones, kernel, pads=list(win.begin) + end, **win.attrs)
+    if ceil_mode:  # the extra pad makes enough windows; keep the pool's
+        n = len(win.kernel)
+        ends = b.ints(out) if out is not None else _spatial_value(ctx, ctx.O(0))
+        inside = b.op("Slice", inside, b.ints([0] * n), ends, b.ints(list(range(2, 2 + n))))
+    return b.op("Div", ratio, inside)
+
+
+def _spread(ctx: Context, grad: str, x: str, win: Window, spatial: Dims | None, out: Dims | None) -> str:
+    """Each output's gradient added over its window: the adjoint of a sum pool, per channel."""
+    b = ctx.b
+    tail = b.ints(out) if out is not None else _spatial_value(ctx, grad)
+    images = b.op("Reshape", grad, b.op("Concat", b.ints([-1, 1]), tail, axis=0))
+    kernel = b.const(np.ones((1, 1, *win.kernel)), like=x)
+    spread = _window_adjoint(ctx, images, kernel, win, x, spatial, out)
+    return b.op("Reshape", spread, ctx.shape_value(x))
+
+
+@register("GlobalAveragePool")
+def _global_average_pool(ctx: Context):
+    b, x = ctx.b, ctx.I(0)
+    spatial = _spatial(ctx, x)
+    if spatial is not None:
+        count = b.const(float(math.prod(spatial)), like=x)
+    else:
+        count = b.op("Cast", b.op("Div", b.op("Size", x), b.op("Size", ctx.O(0))), to=b.types[x])
+    return {0: b.op("Expand", b.op("Div", ctx.GO(0), count), ctx.shape_value(x))}
+
+
+@register("GlobalMaxPool")
+def _global_max_pool(ctx: Context):
+    """GO goes to the elements equal to their channel's maximum."""
+    b, x = ctx.b, ctx.I(0)
+    grad = b.op("Where", b.op("Equal", x, ctx.O(0)), ctx.GO(0), b.const(0.0, like=x))
+    return {0: grad}
+
+
+# -- LRN ----------------------------------------------------------------------------------------------
+@register("LRN")
+def _lrn(ctx: Context):
+    """Y = X * D^-beta with D = bias + alpha/size * (window sum over channels of X^2), the window
+    [c - lo, c + hi] (lo = floor((size-1)/2), hi = ceil((size-1)/2)):
+    dX = GO * D^-beta - 2 alpha beta / size * X * (mirrored window sum of GO * Y / D)."""
+    b, x, y, g = ctx.b, ctx.I(0), ctx.O(0), ctx.GO(0)
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    rank = ctx.rank(x)
+    if rank is None:
+        raise _fail(ctx, "the rank of its input is not known")
+    mean = _channel_window_mean(ctx, b.op("Mul", x, x), size, lo, hi, rank)
+    d = b.op("Add", ctx.scale(mean, alpha), b.const(bias, like=x))
+    direct = b.op("Mul", g, b.op("Pow", d, b.const(-beta, like=x)))
+    back = _channel_window_mean(ctx, b.op("Div", b.op("Mul", g, y), d), size, hi, lo, rank)
+    return {0: b.op("Sub", direct, b.op("Mul", x, ctx.scale(back, 2 * alpha * beta)))}
+
+
+def _channel_window_mean(ctx: Context, v: str, size: int, before: int, after: int, rank: int) -> str:
+    """sum of ``v`` over channels [c - before, c + after] (clipped) / size: an AveragePool
+    counting pads, over the channel axis made spatial."""
+    b = ctx.b
+    lifted = b.axes_op("Unsqueeze", v, [1])
+    pooled = b.op("AveragePool", lifted, kernel_shape=[size] + [1] * (rank - 2),
+                  pads=[before] + [0] * (rank - 2) + [after] + [0] * (rank - 2), count_include_pad=1)
+    return b.axes_op("Squeeze", pooled, [1])
+
+
+# -- Pad ----------------------------------------------------------------------------------------------
+@register("Pad", since=11)
+def _pad(ctx: Context):
+    """constant: dX is GO cut back to X's extent (a Slice for positive pads, zeros for the
+    positions negative pads cropped), d(constant_value) the sum of GO over the padding;
+    reflect, edge, wrap: the padded borders' gradients are added back onto the input positions
+    they copy, axis by axis."""
+    mode = ctx.attr("mode", "constant")
+    x, g = ctx.I(0), ctx.GO(0)
+    rank = ctx.rank(x)
+    pads = ctx.constant(1)
+    axes = _pad_axes(ctx, rank)
+    if pads is None:
+        if mode != "constant":
+            raise _fail(ctx, f"mode {mode!r} needs constant pads")
+        kept = _unpad_runtime(ctx, g, rank)
+    else:
+        pads = [int(p) for p in pads.ravel()]
+        n = len(pads) // 2
+        if axes is None:
+            axes = list(range(n))
+        begin, end = pads[:n], pads[n:]
+        if mode != "constant":
+            return {0: _unpad_copies(ctx, g, mode, axes, begin, end)} if ctx.wants(0) else {}
+        kept = _unpad_constant(ctx, g, rank, axes, begin, end)
+    grads = {}
+    if ctx.wants(0):
+        grads[0] = kept[1]
+    if ctx.wants(2) and mode == "constant":
+        b = ctx.b
+        border = b.op("Sub", b.op("ReduceSum", g, keepdims=0), b.op("ReduceSum", kept[0], keepdims=0))
+        grads[2] = b.op("Reshape", border, ctx.shape_value(ctx.I(2)))
+    return grads
+
+
+def _pad_axes(ctx: Context, rank: int | None) -> list[int] | None:
+    """The padded axes (opset 18's ``axes`` input), non-negative, or None for every axis."""
+    if not ctx.I(3):
+        return None
+    found = ctx.constant(3)
+    if found is None:
+        raise _fail(ctx, "its axes input is not a constant")
+    axes = [int(a) for a in found.ravel()]
+    if any(a < 0 for a in axes):
+        if rank is None:
+            raise _fail(ctx, "it pads negative axes of an input whose rank is not known")
+        axes = [a % rank for a in axes]
+    return axes
+
+
+def _unpad_constant(ctx: Context, g: str, rank: int | None, axes: list[int], begin: list[int],
+                    end: list[int]) -> tuple[str, str]:
+    """(GO sliced to the part copied from X, that part put back at X's extent)."""
+    b = ctx.b
+    kept = g
+    if any(p > 0 for p in begin + end):
+        kept = b.op("Slice", g, b.ints([max(p, 0) for p in begin]), b.ints([-p if p > 0 else _END for p in end]),
+                    b.ints(axes))
+    if not any(p < 0 for p in begin + end):
+        return kept, kept
+    if rank is None:
+        raise _fail(ctx, "it crops (negative pads) an input whose rank is not known")
+    full = [0] * (2 * rank)
+    for a, p, q in zip(axes, begin, end):
+        full[a], full[rank + a] = max(-p, 0), max(-q, 0)
+    return kept, b.op("Pad", kept, b.ints(full))
+
+
+def _unpad_runtime(ctx: Context, g: str, rank: int | None) -> tuple[str, str]:
+    """:func:`_unpad_constant` for pads known only at run time (constant mode)."""
+    b = ctx.b
+    pads = ctx.I(1)
+    if ctx.I(3):
+        axes = ctx.I(3)
+        count = b.op("Shape", axes)
+        dims = b.op("Gather", b.op("Shape", g), axes, axis=0)
+    else:
+        if rank is None:
+            raise _fail(ctx, "its pads are not constant and its input's rank is not known")
+        axes, count, dims = b.ints(list(range(rank))), b.ints([rank]), b.op("Shape", g)
+    begin = b.op("Slice", pads, b.ints([0]), count)
+    end = b.op("Slice", pads, count, b.ints([_END]))
+    zero = b.ints([0])
+    kept = b.op("Slice", g, b.op("Max", begin, zero), b.op("Sub", dims, b.op("Max", end, zero)), axes)
+    crop = b.op("Concat", b.op("Max", b.op("Neg", begin), zero), b.op("Max", b.op("Neg", end), zero), axis=0)
+    if ctx.I(3):
+        return kept, b.op("Pad", kept, crop, "", axes)
+    return kept, b.op("Pad", kept, crop)
+
+
+def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[int], end: list[int]) -> str:
+    """The adjoint of reflect, edge and wrap padding: per axis, the centre plus each border's
+    gradient put back on the input positions it copies."""
+    if mode not in ("reflect", "edge", "wrap"):
+        raise _fail(ctx, f"unknown Pad mode {mode!r}")
+    if any(p < 0 for p in begin + end):
+        raise _fail(ctx, f"negative pads (crops) in mode {mode!r} are not supported")
+    shape = ctx.shape(ctx.I(0))
+    grad = g
+    for a, p, q in zip(axes, begin, end):
+        if p == 0 and q == 0:
+            continue
+        extent = shape[a] if shape is not None else None
+        if not isinstance(extent, int):
+            raise _fail(ctx, f"mode {mode!r} needs the static extent of padded axis {a}")
+        if mode == "reflect" and max(p, q) > extent - 1:
+            raise _fail(ctx, f"reflect pads of {max(p, q)} exceed the extent {extent} of axis {a} less one")
+        if mode == "wrap" and max(p, q) > extent:
+            raise _fail(ctx, f"wrap pads of {max(p, q)} exceed the extent {extent} of axis {a}")
+        grad = _unpad_axis(ctx, grad, mode, a, p, q, extent)
+    return grad
+
+
+def _unpad_axis(ctx: Context, g: str, mode: str, axis: int, before: int, after: int, extent: int) -> str:
+    b = ctx.b
+    rank = ctx.rank(ctx.I(0))
+
+    def cut(start: int, stop: int, step: int = 1) -> str:
+        return b.op("Slice", g, b.ints([start]), b.ints([stop]), b.ints([axis]), b.ints([step]))
+
+    def place(part: str, lead: int, trail: int) -> str:
+        if lead == 0 and trail == 0:
+            return part
+        full = [0] * (2 * rank)
+        full[axis], full[rank + axis] = lead, trail
+        return b.op("Pad", part, b.ints(full))
+
+    parts = [cut(before, before + extent)]
+    if mode == "edge":
+        if before:
+            parts.append(place(b.reduce_sum(cut(0, before), [axis], keepdims=1), 0, extent - 1))
+        if after:
+            parts.append(place(b.reduce_sum(cut(before + extent, _END), [axis], keepdims=1), extent - 1, 0))
+    elif mode == "reflect":  # border j (from the input) copies x[before - j]; trailing j copies x[extent - 2 - j]
+        if before:
+            parts.append(place(cut(before - 1, -_END, -1), 1, extent - 1 - before))
+        if after:
+            length = before + extent + after
+            parts.append(place(cut(length - 1, before + extent - 1, -1), extent - 1 - after, 1))
+    else:  # wrap: the leading border copies the input's last ``before`` positions, the trailing its first
+        if before:
+            parts.append(place(cut(0, before), extent - before, 0))
+        if after:
+            parts.append(place(cut(before + extent, _END), 0, extent - after))
+    return parts[0] if len(parts) == 1 else b.op("Sum", *parts)
+
+
+# -- Resize -------------------------------------------------------------------------------------------
+@register("Resize", since=11, constant=(1, 2))
+def _resize(ctx: Context):
+    """Y = X x_k A_k over the resized axes k (A_k: out_k x in_k interpolation weights), so
+    dX = GO x_k A_k^T: one MatMul per resized axis with a constant built here from the static
+    extents, the constant scales or sizes, and the node's attributes."""
+    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
+    shape = ctx.shape(x)
+    if shape is None:
+        raise _fail(ctx, "the rank of its input is not known")
+    rank = len(shape)
+    grad = g
+    for axis, weights in _resize_matrices(ctx, shape):
+        grad = _contract(ctx, grad, b.const(weights, like=g), axis, rank)
+    return {0: grad}
+
+
+def _contract(ctx: Context, grad: str, weights: str, axis: int, rank: int) -> str:
+    """``grad`` (out_k along ``axis``) times ``weights`` (out_k x in_k) over that axis."""
+    b = ctx.b
+    if axis == rank - 1:
+        return b.op("MatMul", grad, weights)
+    if axis == rank - 2:
+        return b.op("MatMul", b.op("Transpose", weights, perm=[1, 0]), grad)
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    return b.op("Transpose", b.op("MatMul", b.op("Transpose", grad, perm=perm), weights), perm=perm)
+
+
+def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]:
+    """(axis, out x in weights) for every axis the Resize changes, following the reference
+    implementation: the output size and the scale of each axis from ``scales`` or ``sizes``
+    (with ``axes`` and ``keep_aspect_ratio_policy``), axes left alone skipped."""
+    rank = len(shape)
+    scales = ctx.constant(2) if ctx.I(2) else None
+    sizes = ctx.constant(3) if ctx.I(3) else None
+    scales = scales if scales is not None and scales.size else None
+    sizes = sizes if sizes is not None and sizes.size else None
+    if scales is None and sizes is None:
+        raise _fail(ctx, "its scales or sizes are not constants")
+    axes = [a % rank for a in ctx.attr("axes") or range(rank)]
+    roi_value = ctx.constant(1) if ctx.I(1) else None
+    roi = None
+    if roi_value is not None and roi_value.size:
+        roi = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(axes):
+            roi[a], roi[rank + a] = float(roi_value.ravel()[i]), float(roi_value.ravel()[len(axes) + i])
+    mode = ctx.attr("mode", "nearest")
+    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if transform == "tf_crop_and_resize" and roi is None:
+        raise _fail(ctx, "coordinate_transformation_mode tf_crop_and_resize needs a constant roi")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise _fail(ctx, f"unknown mode {mode!r}")
+    if mode == "nearest" and ctx.attr("antialias", 0):
+        raise _fail(ctx, "antialias is not defined for mode nearest")
+    coefficients = _coefficients(mode, ctx.attr("nearest_mode", "round_prefer_floor"), ctx.attr("cubic_coeff_a", -0.75),
+                                 bool(ctx.attr("antialias", 0)))
+    extents = {a: shape[a] if isinstance(shape[a], int) and shape[a] >= 0 else None for a in axes}
+    if scales is not None:
+        factors = {a: float(scales.ravel()[i]) for i, a in enumerate(axes)}
+        outs = {a: None if extents[a] is None else int(factors[a] * extents[a]) for a in axes}
+    else:
+        wanted = {a: int(sizes.ravel()[i]) for i, a in enumerate(axes)}
+        missing = [a for a in axes if extents[a] is None]
+        if missing:
+            raise _fail(ctx, f"it resizes to sizes but the input's extent along axis {missing[0]} is not static")
+        factors = {a: wanted[a] / extents[a] for a in axes}
+        outs = dict(wanted)
+        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            if policy not in ("not_larger", "not_smaller"):
+                raise _fail(ctx, f"unknown keep_aspect_ratio_policy {policy!r}")
+            scale = (min if policy == "not_larger" else max)(factors.values())
+            factors = dict.fromkeys(axes, scale)
+            outs = {a: int(scale * extents[a] + 0.5) for a in axes}
+    found = []
+    for a in axes:
+        untouched_roi = roi is None or (math.isclose(roi[a], 0.0) and math.isclose(roi[rank + a], 1.0))
+        if math.isclose(factors[a], 1.0) and untouched_roi and (extents[a] is None or outs[a] == extents[a]):
+            continue  # left alone, as the reference implementation leaves it
+        if extents[a] is None:
+            raise _fail(ctx, f"it resizes axis {a}, whose extent is not static")
+        weights = resize_weights(extents[a], outs[a], factors[a], transform, coefficients,
+                                 None if roi is None else (roi[a], roi[rank + a]),
+                                 bool(ctx.attr("exclude_outside", 0)))
+        found.append((a, weights))
+    return found
+
+
+def _coefficients(mode: str, nearest_mode: str, cubic_a: float, antialias: bool):
+    """``f(ratio, scale)``: the interpolation weights of the neighbours of a source coordinate
+    whose distance past its left neighbour is ``ratio`` (in (0, 1])."""
+    if mode == "nearest":
+        def nearest(ratio: float, scale: float) -> np.ndarray:
+            if ratio == 1.0:
+                return np.array([0.0, 1.0])
+            pick = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5,
+                    "floor": False, "ceil": True}[nearest_mode]
+            return np.array([0.0, 1.0]) if pick else np.array([1.0, 0.0])
+        return nearest
+    if mode == "linear" and not antialias:
+        return lambda ratio, scale: np.array([1 - ratio, ratio])
+    if mode == "linear":
+        def linear(ratio: float, scale: float) -> np.ndarray:
+            scale = min(scale, 1.0)
+            start = int(np.floor(-1 / scale) + 1)
+            args = (np.arange(start, start + 2 - 2 * start) - ratio) * scale
+            weights = np.clip(1 - np.abs(args), 0, 1)
+            return weights / weights.sum()
+        return linear
+
+    def kernel(t: float) -> float:
+        t = abs(t)
+        if t <= 1:
+            return (cubic_a + 2) * t**3 - (cubic_a + 3) * t**2 + 1
+        if t < 2:
+            return cubic_a * t**3 - 5 * cubic_a * t**2 + 8 * cubic_a * t - 4 * cubic_a
+        return 0.0
+
+    if not antialias:
+        return lambda ratio, scale: np.array([kernel(ratio + 1), kernel(ratio), kernel(1 - ratio), kernel(2 - ratio)])
+
+    def cubic(ratio: float, scale: float) -> np.ndarray:
+        scale = min(scale, 1.0)
+        start = int(np.floor(-2 / scale) + 1)
+        weights = np.array([kernel(scale * (i - ratio)) for i in range(start, 2 - start)])
+        return weights / weights.sum()
+    return cubic
+
+
+def resize_weights(extent: int, out: int, scale: float, transform: str, coefficients,
+                   roi: tuple[float, float] | None = None, exclude_outside: bool = False) -> np.ndarray:
+    """The out x extent matrix A with resize(x) = A @ x along one axis (ONNX Resize semantics,
+    as ``_interpolate_1d_along_axis`` of the reference implementation computes them; positions
+    ``tf_crop_and_resize`` extrapolates get a zero row, their value being a constant)."""
+    y = np.arange(out, dtype=np.float64)
+    width = scale * extent
+    outside = None
+    if transform == "align_corners":
+        x = np.zeros(out) if width == 1 else y * (extent - 1) / (width - 1)
+    elif transform == "asymmetric":
+        x = y / scale
+    elif transform == "tf_crop_and_resize":
+        start, stop = roi
+        x = (np.full(out, (stop - start) * (extent - 1) / 2) if width == 1
+             else y * (stop - start) * (extent - 1) / (width - 1)) + start * (extent - 1)
+        outside = (x < 0) | (x > extent - 1)
+    elif transform == "pytorch_half_pixel":
+        x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    elif transform == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif transform == "half_pixel_symmetric":
+        x = extent / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
+    elif transform == "tf_half_pixel_for_nn":
+        x = (y + 0.5) / scale
+    else:
+        raise UserError(f"unknown coordinate_transformation_mode {transform!r}")
+    left = np.floor(x)
+    ratios = np.where(x == left, 1.0, x - left)
+    coeffs = np.stack([np.asarray(coefficients(float(r), scale), dtype=np.float64) for r in ratios])
+    n = coeffs.shape[1]
+    pad = math.ceil(n / 2)
+    shifted = x + pad
+    base = np.floor(shifted)
+    frac = shifted - base
+    if n % 2 == 0:
+        offset = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
+    else:
+        offset = np.where(frac <= 0.5, -((n - 1) // 2), -((n - 1) // 2) + 1)
+    neighbours = (base + offset).astype(np.int64)[:, None] + np.arange(n)[None, :] - pad
+    if exclude_outside:
+        coeffs = np.where((neighbours < 0) | (neighbours >= extent), 0.0, coeffs)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    weights = np.zeros((out, extent))
+    np.add.at(weights, (np.repeat(np.arange(out), n), np.clip(neighbours, 0, extent - 1).ravel()), coeffs.ravel())
+    if outside is not None:
+        weights[outside] = 0.0
+    return weights
