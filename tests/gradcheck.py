@@ -112,14 +112,26 @@ def assert_close(got: dict, want: dict, rtol: float, atol: float, label: str) ->
 
 
 def with_loss(model: onnx.ModelProto, feeds: dict[str, np.ndarray], seed: int = 0) -> onnx.ModelProto:
-    """``model`` with one more output ``loss = sum(out * R)`` over its first float output, ``R`` fixed
-    random weights shaped like that output on ``feeds``."""
+    """``model`` with one more output ``loss = sum(out * R)``, ``R`` fixed random weights shaped like
+    ``out``: its first float output, or the logits when that output is a Softmax's (a saturated
+    Softmax has gradients too small for a finite difference to see)."""
     out = next(o.name for o in model.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT)
-    value = ort_run(model, feeds, [out])[out]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    node = producers.get(out)
+    while node is not None and node.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+        node = producers.get(node.input[0])
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    if node is not None and node.op_type == "Softmax":
+        out = node.input[0]
+        copy.graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+    value = ort_run(copy, feeds, [out])[out]
+    if node is not None and node.op_type == "Softmax":
+        copy.graph.output.pop()
     weight = np.random.default_rng(seed).normal(0, 1, value.shape).astype(np.float32)
     copy.graph.initializer.append(numpy_helper.from_array(weight, "loss_weights"))
+    if copy.ir_version < 4:  # initializers are listed as inputs too
+        copy.graph.input.append(helper.make_tensor_value_info("loss_weights", onnx.TensorProto.FLOAT, value.shape))
     copy.graph.node.extend([helper.make_node("Mul", [out, "loss_weights"], ["loss_terms"]),
                             helper.make_node("ReduceSum", ["loss_terms"], ["loss"], keepdims=0)])
     copy.graph.output.append(helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, []))
@@ -131,20 +143,23 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[st
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1  # the suite runs one worker per core
+    options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return dict(zip(names, session.run(names, feeds)))
 
 
 def spread_weights(model: onnx.ModelProto, count: int = 3) -> list[str]:
-    """Float initializers read near the input, in the middle and near the output (by first reader)."""
-    weights = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.dims}
+    """Differentiable weights read near the input, in the middle and near the output (by first reader)."""
+    from amp_rewrite.autodiff.gradient import default_parameters
+
+    weights = set(default_parameters(model, "loss")) - {"loss_weights"}
     order = list(dict.fromkeys(i for n in model.graph.node for i in n.input if i in weights))
-    order = [w for w in order if w != "loss_weights"]
     picks = sorted({0, len(order) // 2, len(order) - 1})[:count]
     return [order[i] for i in picks]
 
 
-def directional_check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], wrt: list[str], step: float = 1e-3,
+def directional_check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], wrt: list[str], step: float = 1e-4,
                       rtol: float = 3e-2) -> onnx.ModelProto:
     """Compare <grad W, V> with (L(W + tV) - L(W - tV)) / 2t for a random direction V scaled like W,
     on ONNX Runtime in float32 (a whole-tensor check that costs two runs per weight)."""
@@ -157,17 +172,39 @@ def directional_check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], wrt:
         w = numpy_helper.to_array(tensors[name]).astype(np.float64)
         direction = rng.normal(0, 1, w.shape)
         direction *= (np.linalg.norm(w) or 1.0) / np.linalg.norm(direction)
-        losses = []
-        for sign in (1, -1):
-            shifted = onnx.ModelProto()
-            shifted.CopyFrom(model)
-            for t in shifted.graph.initializer:
-                if t.name == name:
-                    t.CopyFrom(numpy_helper.from_array((w + sign * step * direction).astype(np.float32), name))
-            losses.append(float(ort_run(shifted, feeds, ["loss"])["loss"]))
-        numeric_slope = (losses[0] - losses[1]) / (2 * step)
+        session = _session_with_input(model, name)
+        slopes = [_slope(session, feeds, name, w, direction, h) for h in (step, 2 * step)]
         analytic_slope = float(np.sum(got[f"{name}_grad"].astype(np.float64) * direction))
-        scale = np.linalg.norm(got[f"{name}_grad"]) * np.linalg.norm(direction)
-        assert abs(numeric_slope - analytic_slope) <= rtol * abs(analytic_slope) + 1e-3 * scale, \
-            f"{name}: finite difference {numeric_slope:.6g} vs gradient {analytic_slope:.6g}"
+        # Float32 rounding through a deep network makes the difference noisy: what two step sizes
+        # disagree by is the noise allowed (and never less than the terms' own rounding).
+        noise = 2 * abs(slopes[0][0] - slopes[1][0]) + 1e-7 * slopes[0][1] / step
+        assert abs(slopes[0][0] - analytic_slope) <= rtol * abs(analytic_slope) + noise, \
+            f"{name}: finite difference {slopes[0][0]:.6g} vs gradient {analytic_slope:.6g} (noise {noise:.2g})"
     return grad
+
+
+def _session_with_input(model: onnx.ModelProto, name: str):
+    """A session over ``model`` with the initializer ``name`` made an input and ``loss_terms`` an output."""
+    import onnxruntime as ort
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    tensor = next(t for t in copy.graph.initializer if t.name == name)
+    copy.graph.initializer.remove(tensor)
+    listed = [i for i in copy.graph.input if i.name == name]
+    if not listed:
+        copy.graph.input.append(helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims)))
+    copy.graph.output.append(helper.make_tensor_value_info("loss_terms", onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _slope(session, feeds, name, w, direction, step) -> tuple[float, float]:
+    """(central difference of the loss along ``direction``, sum of the loss terms' magnitudes);
+    the terms are summed in float64, so only their own float32 rounding remains."""
+    terms = [session.run(["loss_terms"], {**feeds, name: (w + sign * step * direction).astype(np.float32)})[0]
+             .astype(np.float64) for sign in (1, -1)]
+    return float(np.sum(terms[0] - terms[1])) / (2 * step), float(np.sum(np.abs(terms[0])))

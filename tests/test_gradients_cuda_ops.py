@@ -26,7 +26,7 @@ from tests.gradcheck import case_model, with_loss
 from tests.test_gradients_models import LOOPS
 
 VERIFIED = frozenset(
-    "Abs Add And Cast Concat Constant ConstantOfShape Conv ConvTranspose Cos Div Equal Exp Expand Gather Gemm Greater "
+    "Abs Add And AveragePool Cast Concat Constant ConstantOfShape Conv ConvTranspose Cos Div Equal Exp Expand Gather Gemm Greater "
     "GreaterOrEqual Identity If Less LessOrEqual MatMul Max Min Mul Neg NonZero Pad Range Reciprocal ReduceSum "
     "Reshape ScatterElements ScatterND Shape Sigmoid Sign Sin Size Slice Split Sub Sum Tanh Transpose Unsqueeze "
     "Where Softmax Exp LogSoftmax ReduceMean Sqrt Squeeze Tile OneHot GatherElements Not Pow".split())

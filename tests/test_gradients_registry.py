@@ -99,3 +99,16 @@ def test_non_scalar_loss_is_refused():
     model.graph.output.append(helper.make_tensor_value_info("y", 1, [3, 3]))
     with pytest.raises(UserError, match="must be a scalar"):
         gradient_model(model, "y")
+
+
+def test_a_weight_read_only_as_a_constant_is_refused():
+    """A Clip bound gets no gradient: asking for one is an error, not a silent zero."""
+    x = numpy_helper.from_array(np.array([0.5, 2.0], np.float32), "x")
+    high = numpy_helper.from_array(np.array(1.0, np.float32), "high")
+    nodes = [helper.make_node("Clip", ["x", "", "high"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"],
+                                                                                  keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("loss", 1, [])], [x, high])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(UserError, match="does not depend on 'high' through a differentiable input"):
+        gradient_model(model, "loss", ["x", "high"])
+    assert [o.name for o in gradient_model(model, "loss").graph.output] == ["loss", "x_grad"]

@@ -95,6 +95,11 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
         raise UserError(f"loss {loss!r} must be a scalar (one element); its shape is {list(shape)}")
     targets = _targets(index, engine, loss_key, wrt)
     engine.check(0, [loss_key], targets)
+    _, _, needed = engine.plan(0, [loss_key], targets)
+    unreached = [key[1] for key in targets if key not in needed]
+    if unreached:
+        raise UserError(f"the loss {loss!r} does not depend on {', '.join(map(repr, unreached))} through a "
+                        "differentiable input (a running statistic, a bound or an exponent gets no gradient)")
     opset = index.opsets.get("", MIN_OPSET)
     b = GraphBuilder(Names.of_model(proto), opset, types, prefix="grad_")
     if seed is None:
@@ -105,13 +110,15 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
         if b.types.get(seed) != loss_value.elem_type:
             seed = b.op("Cast", seed, to=loss_value.elem_type)
     found = engine.run(0, {loss_key: seed}, targets, b)
+    # A target on the path can still receive nothing (only a buffer output was read): zero.
     grads = {key[1]: found[key] if key in found else b.zeros_like(key[1]) for key in targets}
     return Backprop(grads, b)
 
 
 def default_parameters(proto: onnx.ModelProto, loss: str) -> list[str]:
-    """Every float initializer that the output ``loss`` depends on, in graph order."""
-    index = typed_index(proto)
+    """Every float initializer that the output ``loss`` depends on through a differentiable input
+    (at the opset gradients are built at: rules decide which inputs are differentiable)."""
+    index = typed_index(ensure_opset(proto, MIN_OPSET))
     types = {v.name: v.elem_type for v in index.all_values() if v.elem_type}
     return [key[1] for key in _targets(index, Backward(index, types), (0, loss), None)]
 
