@@ -62,11 +62,10 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
         batch_mean = step.axes_op("ReduceMean", x, axes, keepdims=1)
         centred = step.op("Sub", x, batch_mean)
         batch_var = step.axes_op("ReduceMean", step.op("Mul", centred, centred), axes, keepdims=1)
-        inv_std = step.op("Reciprocal", step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x))))
+        std = step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x)))
         gain = step.op("Reshape", scale, step.ints(channel))
         shift = step.op("Reshape", bias, step.ints(channel))
-        step.op("Add", step.op("Mul", step.op("Mul", centred, inv_std), gain), shift,
-                outputs=[proto_node.output[0]])
+        step.op("Add", step.op("Mul", step.op("Div", centred, std), gain), shift, outputs=[proto_node.output[0]])
         count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)), to=b.types[x])
         unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=x))))
         for stat, batch_value, role in ((mean, batch_mean, "running_mean"), (var, unbiased, "running_var")):

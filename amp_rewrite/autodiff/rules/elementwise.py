@@ -1,7 +1,8 @@
 """Gradient rules: elementwise ops (unary, broadcasting binary and variadic), and ops with no gradient.
 
 Unary rules are one line: ``unary(op, d)`` with ``d(ctx, b)`` building dy/dx
-(from ``I(0)`` and ``O(0)``) that multiplies ``GO(0)``; ``masked(op, m)`` passes
+(from ``I(0)`` and ``O(0)``) that multiplies ``GO(0)`` (a quotient divides instead: no
+``Reciprocal``, which has no bfloat16 CUDA kernel); ``masked(op, m)`` passes
 ``GO(0)`` where the mask holds and zero elsewhere (``Where``, so an inf or NaN
 gradient never meets a zero factor). Broadcasting inputs get their gradient
 summed back to their own shape by ``ctx.unbroadcast``.
@@ -46,7 +47,7 @@ register("Identity")(lambda ctx: {0: ctx.GO(0)})
 register("Neg")(lambda ctx: {0: ctx.b.op("Neg", ctx.GO(0))})
 unary("Abs", lambda ctx, b: b.op("Sign", ctx.I(0)))
 unary("Exp", lambda ctx, b: ctx.O(0))
-unary("Log", lambda ctx, b: b.op("Reciprocal", ctx.I(0)))
+register("Log")(lambda ctx: {0: ctx.b.op("Div", ctx.GO(0), ctx.I(0))})
 unary("Sqrt", lambda ctx, b: b.op("Div", b.const(0.5, like=ctx.O(0)), ctx.O(0)))
 unary("Reciprocal", lambda ctx, b: b.op("Neg", b.op("Mul", ctx.O(0), ctx.O(0))))
 unary("Sigmoid", lambda ctx, b: b.op("Mul", ctx.O(0), b.op("Sub", b.const(1.0, like=ctx.O(0)), ctx.O(0))))
@@ -56,8 +57,8 @@ unary("Erf", lambda ctx, b: b.op("Mul", b.const(2 / math.sqrt(math.pi), like=ctx
 unary("Softplus", lambda ctx, b: b.op("Sigmoid", ctx.I(0)))
 unary("Sin", lambda ctx, b: b.op("Cos", ctx.I(0)))
 unary("Cos", lambda ctx, b: b.op("Neg", b.op("Sin", ctx.I(0))))
-unary("Softsign", lambda ctx, b: b.op("Reciprocal", _square(b, b.op("Add", b.const(1.0, like=ctx.I(0)),
-                                                                     b.op("Abs", ctx.I(0))))))
+register("Softsign")(lambda ctx: {0: ctx.b.op("Div", ctx.GO(0), _square(ctx.b, ctx.b.op(
+    "Add", ctx.b.const(1.0, like=ctx.I(0)), ctx.b.op("Abs", ctx.I(0)))))})
 masked("Relu", lambda ctx, b: b.op("Greater", ctx.I(0), _zero(ctx)))
 
 
