@@ -15,11 +15,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder
 from amp_rewrite.ir.graph import Node
 
 if TYPE_CHECKING:
     from amp_rewrite.autodiff.backward import Backward
+
+SLICE_END = 2**62
+"""A Slice bound past any extent."""
 
 
 class Context:
@@ -60,6 +64,10 @@ class Context:
     def attr(self, name: str, default=None):
         value = self._attributes.get(name, default)
         return value.decode() if isinstance(value, bytes) else value
+
+    def error(self, why: str) -> UserError:
+        """The error for a node this rule cannot differentiate, naming it."""
+        return UserError(f"cannot differentiate {self.node.op_type} node {self.node.name or self.O(0)!r}: {why}")
 
     def go_or_zeros(self, i: int) -> str:
         """``GO(i)``, or zeros like ``O(i)`` when nothing flows into that output."""

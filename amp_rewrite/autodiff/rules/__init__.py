@@ -1,3 +1,13 @@
 """The gradient rules, one module per family; importing this package registers them all."""
 
-from amp_rewrite.autodiff.rules import control, conv, elementwise, linear, movement, norm, reduce  # noqa: F401
+from amp_rewrite.autodiff.rules import (  # noqa: F401
+    control,
+    conv,
+    elementwise,
+    linear,
+    movement,
+    norm,
+    pad,
+    reduce,
+    resize,
+)

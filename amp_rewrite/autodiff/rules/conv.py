@@ -1,4 +1,4 @@
-"""Gradient rules: convolution, pooling, padding, resizing and LRN.
+"""Gradient rules: convolution, pooling and LRN.
 
 Windowed ops (Conv, ConvTranspose, the pools) share one geometry, :class:`Window`:
 kernel, strides, dilations and the pads the op really applies (``auto_pad``
@@ -17,10 +17,7 @@ resolved from the static input shape). Two adjoints serve them all:
 
 MaxPool scatters GO to the positions its ``Indices`` output names (adding that
 output to the forward node when it has none); AveragePool spreads GO divided by
-each window's divisor; Resize is linear in its input along each resized axis,
-so its gradient multiplies GO by the transposed interpolation matrix of each
-axis, computed at build time with ONNX's Resize semantics (the reference
-implementation's, ``onnx/reference/ops/op_resize.py``).
+each window's divisor. Pad and Resize have modules of their own.
 """
 
 from __future__ import annotations
@@ -33,16 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
-from amp_rewrite.errors import UserError
-
-_END = 2**62
-"""A Slice bound past any extent."""
 
 Dims = tuple[int, ...]
-
-
-def _fail(ctx: Context, why: str) -> UserError:
-    return UserError(f"cannot differentiate {ctx.node.op_type} node {ctx.node.name or ctx.O(0)!r}: {why}")
 
 
 def _spatial(ctx: Context, name: str) -> Dims | None:
@@ -103,7 +92,7 @@ def _window(ctx: Context, kernel: Dims, spatial: Dims | None) -> Window:
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         if spatial is None:
-            raise _fail(ctx, f"auto_pad={auto_pad} pads by the input's spatial shape, which is not static here; "
+            raise ctx.error(f"auto_pad={auto_pad} pads by the input's spatial shape, which is not static here; "
                              "give the input static spatial dimensions or the node explicit pads")
         spans = [d * (k - 1) + 1 for d, k in zip(dilations, kernel)]
         total = [max(0, (-(-s // st) - 1) * st + span - s) for s, st, span in zip(spatial, strides, spans)]
@@ -123,7 +112,7 @@ def _kernel(ctx: Context, weight: str) -> Dims:
         return tuple(kernel)
     found = _spatial(ctx, weight)
     if found is None:
-        raise _fail(ctx, "its kernel shape is neither an attribute nor a static weight shape")
+        raise ctx.error("its kernel shape is neither an attribute nor a static weight shape")
     return found
 
 
@@ -233,7 +222,7 @@ def _channels(ctx: Context, x: str, w: str, axis: int, group: int) -> int:
         return shape[1]
     if w_shape is not None and isinstance(w_shape[axis], int):
         return w_shape[axis] * group
-    raise _fail(ctx, "the channel count is neither in its input's nor its weight's static shape")
+    raise ctx.error("the channel count is neither in its input's nor its weight's static shape")
 
 
 @register("ConvTranspose")
@@ -278,13 +267,13 @@ def _transpose_pads(ctx: Context, kernel: Dims, strides: Dims, dilations: Dims, 
         pads = tuple(ctx.attr("pads") or (0,) * (2 * n))
         return pads[:n], pads[n:]
     if spatial is None:
-        raise _fail(ctx, "its pads follow from auto_pad or output_shape and the input's spatial shape, "
+        raise ctx.error("its pads follow from auto_pad or output_shape and the input's spatial shape, "
                          "which is not static here")
     target = list(target)[-n:] if target is not None else [s * st for s, st in zip(spatial, strides)]
     total = [st * (s - 1) + e + d * (k - 1) + 1 - t
              for s, st, e, d, k, t in zip(spatial, strides, extra, dilations, kernel, target)]
     if any(t < 0 for t in total):
-        raise _fail(ctx, f"output_shape {target} is larger than the transposed convolution makes")
+        raise ctx.error(f"output_shape {target} is larger than the transposed convolution makes")
     small, large = tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
     return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
 
@@ -297,7 +286,7 @@ def _max_pool(ctx: Context):
     b, x, node = ctx.b, ctx.I(0), ctx.node
     indices = node.output[1] if len(node.output) > 1 else ""
     if indices and ctx.attr("storage_order", 0) != 0:
-        raise _fail(ctx, "its Indices output is column-major (storage_order=1); the gradient needs row-major "
+        raise ctx.error("its Indices output is column-major (storage_order=1); the gradient needs row-major "
                          "indices")
     if not indices:
         indices = b.names.fresh(f"{ctx.O(0)}_indices")
@@ -398,7 +387,7 @@ def _lrn(ctx: Context):
     hi = size - 1 - lo
     rank = ctx.rank(x)
     if rank is None:
-        raise _fail(ctx, "the rank of its input is not known")
+        raise ctx.error("the rank of its input is not known")
     mean = _channel_window_mean(ctx, b.op("Mul", x, x), size, lo, hi, rank)
     d = b.op("Add", ctx.scale(mean, alpha), b.const(bias, like=x))
     direct = b.op("Mul", g, b.op("Pow", d, b.const(-beta, like=x)))
@@ -414,331 +403,3 @@ def _channel_window_mean(ctx: Context, v: str, size: int, before: int, after: in
     pooled = b.op("AveragePool", lifted, kernel_shape=[size] + [1] * (rank - 2),
                   pads=[before] + [0] * (rank - 2) + [after] + [0] * (rank - 2), count_include_pad=1)
     return b.axes_op("Squeeze", pooled, [1])
-
-
-# -- Pad ----------------------------------------------------------------------------------------------
-@register("Pad", since=11)
-def _pad(ctx: Context):
-    """constant: dX is GO cut back to X's extent (a Slice for positive pads, zeros for the
-    positions negative pads cropped), d(constant_value) the sum of GO over the padding;
-    reflect, edge, wrap: the padded borders' gradients are added back onto the input positions
-    they copy, axis by axis."""
-    mode = ctx.attr("mode", "constant")
-    x, g = ctx.I(0), ctx.GO(0)
-    rank = ctx.rank(x)
-    pads = ctx.constant(1)
-    axes = _pad_axes(ctx, rank)
-    if pads is None:
-        if mode != "constant":
-            raise _fail(ctx, f"mode {mode!r} needs constant pads")
-        kept = _unpad_runtime(ctx, g, rank)
-    else:
-        pads = [int(p) for p in pads.ravel()]
-        n = len(pads) // 2
-        if axes is None:
-            axes = list(range(n))
-        begin, end = pads[:n], pads[n:]
-        if mode != "constant":
-            return {0: _unpad_copies(ctx, g, mode, axes, begin, end)} if ctx.wants(0) else {}
-        kept = _unpad_constant(ctx, g, rank, axes, begin, end)
-    grads = {}
-    if ctx.wants(0):
-        grads[0] = kept[1]
-    if ctx.wants(2) and mode == "constant":
-        b = ctx.b
-        border = b.op("Sub", b.op("ReduceSum", g, keepdims=0), b.op("ReduceSum", kept[0], keepdims=0))
-        grads[2] = b.op("Reshape", border, ctx.shape_value(ctx.I(2)))
-    return grads
-
-
-def _pad_axes(ctx: Context, rank: int | None) -> list[int] | None:
-    """The padded axes (opset 18's ``axes`` input), non-negative, or None for every axis."""
-    if not ctx.I(3):
-        return None
-    found = ctx.constant(3)
-    if found is None:
-        raise _fail(ctx, "its axes input is not a constant")
-    axes = [int(a) for a in found.ravel()]
-    if any(a < 0 for a in axes):
-        if rank is None:
-            raise _fail(ctx, "it pads negative axes of an input whose rank is not known")
-        axes = [a % rank for a in axes]
-    return axes
-
-
-def _unpad_constant(ctx: Context, g: str, rank: int | None, axes: list[int], begin: list[int],
-                    end: list[int]) -> tuple[str, str]:
-    """(GO sliced to the part copied from X, that part put back at X's extent)."""
-    b = ctx.b
-    kept = g
-    if any(p > 0 for p in begin + end):
-        kept = b.op("Slice", g, b.ints([max(p, 0) for p in begin]), b.ints([-p if p > 0 else _END for p in end]),
-                    b.ints(axes))
-    if not any(p < 0 for p in begin + end):
-        return kept, kept
-    if rank is None:
-        raise _fail(ctx, "it crops (negative pads) an input whose rank is not known")
-    full = [0] * (2 * rank)
-    for a, p, q in zip(axes, begin, end):
-        full[a], full[rank + a] = max(-p, 0), max(-q, 0)
-    return kept, b.op("Pad", kept, b.ints(full))
-
-
-def _unpad_runtime(ctx: Context, g: str, rank: int | None) -> tuple[str, str]:
-    """:func:`_unpad_constant` for pads known only at run time (constant mode)."""
-    b = ctx.b
-    pads = ctx.I(1)
-    if ctx.I(3):
-        axes = ctx.I(3)
-        count = b.op("Shape", axes)
-        dims = b.op("Gather", b.op("Shape", g), axes, axis=0)
-    else:
-        if rank is None:
-            raise _fail(ctx, "its pads are not constant and its input's rank is not known")
-        axes, count, dims = b.ints(list(range(rank))), b.ints([rank]), b.op("Shape", g)
-    begin = b.op("Slice", pads, b.ints([0]), count)
-    end = b.op("Slice", pads, count, b.ints([_END]))
-    zero = b.ints([0])
-    kept = b.op("Slice", g, b.op("Max", begin, zero), b.op("Sub", dims, b.op("Max", end, zero)), axes)
-    crop = b.op("Concat", b.op("Max", b.op("Neg", begin), zero), b.op("Max", b.op("Neg", end), zero), axis=0)
-    if ctx.I(3):
-        return kept, b.op("Pad", kept, crop, "", axes)
-    return kept, b.op("Pad", kept, crop)
-
-
-def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[int], end: list[int]) -> str:
-    """The adjoint of reflect, edge and wrap padding: per axis, the centre plus each border's
-    gradient put back on the input positions it copies."""
-    if mode not in ("reflect", "edge", "wrap"):
-        raise _fail(ctx, f"unknown Pad mode {mode!r}")
-    if any(p < 0 for p in begin + end):
-        raise _fail(ctx, f"negative pads (crops) in mode {mode!r} are not supported")
-    shape = ctx.shape(ctx.I(0))
-    grad = g
-    for a, p, q in zip(axes, begin, end):
-        if p == 0 and q == 0:
-            continue
-        extent = shape[a] if shape is not None else None
-        if not isinstance(extent, int):
-            raise _fail(ctx, f"mode {mode!r} needs the static extent of padded axis {a}")
-        if mode == "reflect" and max(p, q) > extent - 1:
-            raise _fail(ctx, f"reflect pads of {max(p, q)} exceed the extent {extent} of axis {a} less one")
-        if mode == "wrap" and max(p, q) > extent:
-            raise _fail(ctx, f"wrap pads of {max(p, q)} exceed the extent {extent} of axis {a}")
-        grad = _unpad_axis(ctx, grad, mode, a, p, q, extent)
-    return grad
-
-
-def _unpad_axis(ctx: Context, g: str, mode: str, axis: int, before: int, after: int, extent: int) -> str:
-    b = ctx.b
-    rank = ctx.rank(ctx.I(0))
-
-    def cut(start: int, stop: int, step: int = 1) -> str:
-        return b.op("Slice", g, b.ints([start]), b.ints([stop]), b.ints([axis]), b.ints([step]))
-
-    def place(part: str, lead: int, trail: int) -> str:
-        if lead == 0 and trail == 0:
-            return part
-        full = [0] * (2 * rank)
-        full[axis], full[rank + axis] = lead, trail
-        return b.op("Pad", part, b.ints(full))
-
-    parts = [cut(before, before + extent)]
-    if mode == "edge":
-        if before:
-            parts.append(place(b.reduce_sum(cut(0, before), [axis], keepdims=1), 0, extent - 1))
-        if after:
-            parts.append(place(b.reduce_sum(cut(before + extent, _END), [axis], keepdims=1), extent - 1, 0))
-    elif mode == "reflect":  # border j (from the input) copies x[before - j]; trailing j copies x[extent - 2 - j]
-        if before:
-            parts.append(place(cut(before - 1, -_END, -1), 1, extent - 1 - before))
-        if after:
-            length = before + extent + after
-            parts.append(place(cut(length - 1, before + extent - 1, -1), extent - 1 - after, 1))
-    else:  # wrap: the leading border copies the input's last ``before`` positions, the trailing its first
-        if before:
-            parts.append(place(cut(0, before), extent - before, 0))
-        if after:
-            parts.append(place(cut(before + extent, _END), 0, extent - after))
-    return parts[0] if len(parts) == 1 else b.op("Sum", *parts)
-
-
-# -- Resize -------------------------------------------------------------------------------------------
-@register("Resize", since=11, constant=(1, 2))
-def _resize(ctx: Context):
-    """Y = X x_k A_k over the resized axes k (A_k: out_k x in_k interpolation weights), so
-    dX = GO x_k A_k^T: one MatMul per resized axis with a constant built here from the static
-    extents, the constant scales or sizes, and the node's attributes."""
-    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
-    shape = ctx.shape(x)
-    if shape is None:
-        raise _fail(ctx, "the rank of its input is not known")
-    rank = len(shape)
-    grad = g
-    for axis, weights in _resize_matrices(ctx, shape):
-        grad = _contract(ctx, grad, b.const(weights, like=g), axis, rank)
-    return {0: grad}
-
-
-def _contract(ctx: Context, grad: str, weights: str, axis: int, rank: int) -> str:
-    """``grad`` (out_k along ``axis``) times ``weights`` (out_k x in_k) over that axis."""
-    b = ctx.b
-    if axis == rank - 1:
-        return b.op("MatMul", grad, weights)
-    if axis == rank - 2:
-        return b.op("MatMul", b.op("Transpose", weights, perm=[1, 0]), grad)
-    perm = list(range(rank))
-    perm[axis], perm[-1] = perm[-1], perm[axis]
-    return b.op("Transpose", b.op("MatMul", b.op("Transpose", grad, perm=perm), weights), perm=perm)
-
-
-def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]:
-    """(axis, out x in weights) for every axis the Resize changes, following the reference
-    implementation: the output size and the scale of each axis from ``scales`` or ``sizes``
-    (with ``axes`` and ``keep_aspect_ratio_policy``), axes left alone skipped."""
-    rank = len(shape)
-    scales = ctx.constant(2) if ctx.I(2) else None
-    sizes = ctx.constant(3) if ctx.I(3) else None
-    scales = scales if scales is not None and scales.size else None
-    sizes = sizes if sizes is not None and sizes.size else None
-    if scales is None and sizes is None:
-        raise _fail(ctx, "its scales or sizes are not constants")
-    axes = [a % rank for a in ctx.attr("axes") or range(rank)]
-    roi_value = ctx.constant(1) if ctx.I(1) else None
-    roi = None
-    if roi_value is not None and roi_value.size:
-        roi = [0.0] * rank + [1.0] * rank
-        for i, a in enumerate(axes):
-            roi[a], roi[rank + a] = float(roi_value.ravel()[i]), float(roi_value.ravel()[len(axes) + i])
-    mode = ctx.attr("mode", "nearest")
-    transform = ctx.attr("coordinate_transformation_mode", "half_pixel")
-    if transform == "tf_crop_and_resize" and roi is None:
-        raise _fail(ctx, "coordinate_transformation_mode tf_crop_and_resize needs a constant roi")
-    if mode not in ("nearest", "linear", "cubic"):
-        raise _fail(ctx, f"unknown mode {mode!r}")
-    if mode == "nearest" and ctx.attr("antialias", 0):
-        raise _fail(ctx, "antialias is not defined for mode nearest")
-    coefficients = _coefficients(mode, ctx.attr("nearest_mode", "round_prefer_floor"), ctx.attr("cubic_coeff_a", -0.75),
-                                 bool(ctx.attr("antialias", 0)))
-    extents = {a: shape[a] if isinstance(shape[a], int) and shape[a] >= 0 else None for a in axes}
-    if scales is not None:
-        factors = {a: float(scales.ravel()[i]) for i, a in enumerate(axes)}
-        outs = {a: None if extents[a] is None else int(factors[a] * extents[a]) for a in axes}
-    else:
-        wanted = {a: int(sizes.ravel()[i]) for i, a in enumerate(axes)}
-        missing = [a for a in axes if extents[a] is None]
-        if missing:
-            raise _fail(ctx, f"it resizes to sizes but the input's extent along axis {missing[0]} is not static")
-        factors = {a: wanted[a] / extents[a] for a in axes}
-        outs = dict(wanted)
-        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
-        if policy != "stretch":
-            if policy not in ("not_larger", "not_smaller"):
-                raise _fail(ctx, f"unknown keep_aspect_ratio_policy {policy!r}")
-            scale = (min if policy == "not_larger" else max)(factors.values())
-            factors = dict.fromkeys(axes, scale)
-            outs = {a: int(scale * extents[a] + 0.5) for a in axes}
-    found = []
-    for a in axes:
-        untouched_roi = roi is None or (math.isclose(roi[a], 0.0) and math.isclose(roi[rank + a], 1.0))
-        if math.isclose(factors[a], 1.0) and untouched_roi and (extents[a] is None or outs[a] == extents[a]):
-            continue  # left alone, as the reference implementation leaves it
-        if extents[a] is None:
-            raise _fail(ctx, f"it resizes axis {a}, whose extent is not static")
-        weights = resize_weights(extents[a], outs[a], factors[a], transform, coefficients,
-                                 None if roi is None else (roi[a], roi[rank + a]),
-                                 bool(ctx.attr("exclude_outside", 0)))
-        found.append((a, weights))
-    return found
-
-
-def _coefficients(mode: str, nearest_mode: str, cubic_a: float, antialias: bool):
-    """``f(ratio, scale)``: the interpolation weights of the neighbours of a source coordinate
-    whose distance past its left neighbour is ``ratio`` (in (0, 1])."""
-    if mode == "nearest":
-        def nearest(ratio: float, scale: float) -> np.ndarray:
-            if ratio == 1.0:
-                return np.array([0.0, 1.0])
-            pick = {"round_prefer_floor": ratio > 0.5, "round_prefer_ceil": ratio >= 0.5,
-                    "floor": False, "ceil": True}[nearest_mode]
-            return np.array([0.0, 1.0]) if pick else np.array([1.0, 0.0])
-        return nearest
-    if mode == "linear" and not antialias:
-        return lambda ratio, scale: np.array([1 - ratio, ratio])
-    if mode == "linear":
-        def linear(ratio: float, scale: float) -> np.ndarray:
-            scale = min(scale, 1.0)
-            start = int(np.floor(-1 / scale) + 1)
-            args = (np.arange(start, start + 2 - 2 * start) - ratio) * scale
-            weights = np.clip(1 - np.abs(args), 0, 1)
-            return weights / weights.sum()
-        return linear
-
-    def kernel(t: float) -> float:
-        t = abs(t)
-        if t <= 1:
-            return (cubic_a + 2) * t**3 - (cubic_a + 3) * t**2 + 1
-        if t < 2:
-            return cubic_a * t**3 - 5 * cubic_a * t**2 + 8 * cubic_a * t - 4 * cubic_a
-        return 0.0
-
-    if not antialias:
-        return lambda ratio, scale: np.array([kernel(ratio + 1), kernel(ratio), kernel(1 - ratio), kernel(2 - ratio)])
-
-    def cubic(ratio: float, scale: float) -> np.ndarray:
-        scale = min(scale, 1.0)
-        start = int(np.floor(-2 / scale) + 1)
-        weights = np.array([kernel(scale * (i - ratio)) for i in range(start, 2 - start)])
-        return weights / weights.sum()
-    return cubic
-
-
-def resize_weights(extent: int, out: int, scale: float, transform: str, coefficients,
-                   roi: tuple[float, float] | None = None, exclude_outside: bool = False) -> np.ndarray:
-    """The out x extent matrix A with resize(x) = A @ x along one axis (ONNX Resize semantics,
-    as ``_interpolate_1d_along_axis`` of the reference implementation computes them; positions
-    ``tf_crop_and_resize`` extrapolates get a zero row, their value being a constant)."""
-    y = np.arange(out, dtype=np.float64)
-    width = scale * extent
-    outside = None
-    if transform == "align_corners":
-        x = np.zeros(out) if width == 1 else y * (extent - 1) / (width - 1)
-    elif transform == "asymmetric":
-        x = y / scale
-    elif transform == "tf_crop_and_resize":
-        start, stop = roi
-        x = (np.full(out, (stop - start) * (extent - 1) / 2) if width == 1
-             else y * (stop - start) * (extent - 1) / (width - 1)) + start * (extent - 1)
-        outside = (x < 0) | (x > extent - 1)
-    elif transform == "pytorch_half_pixel":
-        x = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
-    elif transform == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
-    elif transform == "half_pixel_symmetric":
-        x = extent / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
-    elif transform == "tf_half_pixel_for_nn":
-        x = (y + 0.5) / scale
-    else:
-        raise UserError(f"unknown coordinate_transformation_mode {transform!r}")
-    left = np.floor(x)
-    ratios = np.where(x == left, 1.0, x - left)
-    coeffs = np.stack([np.asarray(coefficients(float(r), scale), dtype=np.float64) for r in ratios])
-    n = coeffs.shape[1]
-    pad = math.ceil(n / 2)
-    shifted = x + pad
-    base = np.floor(shifted)
-    frac = shifted - base
-    if n % 2 == 0:
-        offset = np.where(frac == 0, -(n // 2), -(n // 2) + 1)
-    else:
-        offset = np.where(frac <= 0.5, -((n - 1) // 2), -((n - 1) // 2) + 1)
-    neighbours = (base + offset).astype(np.int64)[:, None] + np.arange(n)[None, :] - pad
-    if exclude_outside:
-        coeffs = np.where((neighbours < 0) | (neighbours >= extent), 0.0, coeffs)
-        total = coeffs.sum(axis=1, keepdims=True)
-        coeffs = coeffs / np.where(total == 0, 1.0, total)
-    weights = np.zeros((out, extent))
-    np.add.at(weights, (np.repeat(np.arange(out), n), np.clip(neighbours, 0, extent - 1).ravel()), coeffs.ravel())
-    if outside is not None:
-        weights[outside] = 0.0
-    return weights

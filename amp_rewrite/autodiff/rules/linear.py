@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
-from amp_rewrite.errors import UserError
 
 
 def _transposed(ctx: Context, x: str, rank: int) -> str:
@@ -20,8 +19,7 @@ def _matmul(ctx: Context):
     b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
     ra, rb = ctx.rank(a), ctx.rank(w)
     if ra is None or rb is None:
-        raise UserError(f"the gradient of MatMul {ctx.node.name!r} needs the ranks of its inputs, "
-                        "which shape inference could not find")
+        raise ctx.error("the ranks of its inputs are unknown (shape inference could not find them)")
     if ra == 1 and rb == 1:
         return {i: b.op("Mul", g, ctx.I(1 - i)) for i in (0, 1) if ctx.wants(i)}
     # Make both operands at least 2-D, as MatMul does, and dY to match.

@@ -12,7 +12,6 @@ import numpy as np
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
-from amp_rewrite.errors import UserError
 
 
 @register("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -40,7 +39,7 @@ def _tile(ctx: Context):
     b, x = ctx.b, ctx.I(0)
     rank = ctx.rank(x)
     if rank is None:
-        raise UserError(f"the gradient of Tile {ctx.node.name!r} needs its input's rank")
+        raise ctx.error("the rank of its input is unknown")
     pairs = b.op("Concat", b.axes_op("Unsqueeze", ctx.I(1), [1]), b.axes_op("Unsqueeze", ctx.shape_value(x), [1]),
                  axis=1)
     interleaved = b.op("Reshape", ctx.GO(0), b.op("Reshape", pairs, b.ints([-1])))
@@ -125,7 +124,7 @@ def _gather(ctx: Context):
     b, x, indices = ctx.b, ctx.I(0), ctx.I(1)
     rank, index_rank = ctx.rank(x), ctx.rank(indices)
     if rank is None or index_rank is None:
-        raise UserError(f"the gradient of Gather {ctx.node.name!r} needs the ranks of its inputs")
+        raise ctx.error("the ranks of its inputs are unknown")
     axis = ctx.attr("axis", 0) % rank
     grad = ctx.GO(0)
     if index_rank == 0:  # a scalar index dropped the axis: restore it

@@ -30,15 +30,13 @@ from onnx import TensorProto
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
-from amp_rewrite.errors import UserError
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
 def _rank(ctx: Context, x: str) -> int:
     rank = ctx.rank(x)
     if rank is None:
-        raise UserError(f"the gradient of {ctx.node.op_type} {ctx.node.name!r} needs the rank of its input, "
-                        "which shape inference could not find")
+        raise ctx.error("the rank of its input is unknown (shape inference could not find it)")
     return rank
 
 
@@ -243,8 +241,7 @@ def _layer_norm(ctx: Context):
     them is refused rather than given a wrong gradient."""
     b, x, scale, y, g = ctx.b, ctx.I(0), ctx.I(1), ctx.O(0), ctx.GO(0)
     if ctx.GO(1) is not None or ctx.GO(2) is not None:
-        raise UserError(f"the gradient through the Mean or InvStdDev output of LayerNormalization "
-                        f"{ctx.node.name!r} is not supported (only Y is differentiated)")
+        raise ctx.error("only its output Y is differentiated, not Mean or InvStdDev")
     norm = Normalised(ctx, x, _trailing_axes(ctx, x, ctx.attr("axis", -1)), ctx.attr("epsilon", 1e-5))
     grads = {}
     if ctx.wants(0):
