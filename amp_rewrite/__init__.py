@@ -3,8 +3,10 @@
 Layers, each importing only those beneath it: ``ir`` (the model as data), ``policy``
 (op classes and kernel tables), ``runtime`` (sessions, instrumented runs, emulation,
 samples), ``numerics`` (compare, check, localize), ``rewrite`` (the mixed-precision
-passes and their pipeline), ``workflows`` (convert with validation, check with
-explanations) and ``cli``.
+passes and their pipeline) beside ``autodiff`` (gradient rules and the backward pass,
+on ``ir`` alone), ``training`` (losses, loss scaling, optimizers, the step graph, the
+trainer), ``workflows`` (convert with validation, check with explanations) and ``cli``.
+Training lives in :mod:`amp_rewrite.training`.
 """
 
 from amp_rewrite.errors import UserError
