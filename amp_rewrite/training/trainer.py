@@ -225,7 +225,7 @@ def _sample_count(data: Mapping[str, np.ndarray], names) -> int:
 def describe(record: dict) -> str:
     """One line for an epoch's record."""
     line = (f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['skipped']} skipped, scale "
-            f"{record['scale']:g}, {record['seconds']:.1f} s")
+            f"{record['scale']:g}, {record['seconds']:.2f} s")
     evaluation = record.get("eval")
     if evaluation:
         line += f"; eval loss {evaluation['loss']:.4f}"
