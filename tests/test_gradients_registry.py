@@ -12,6 +12,7 @@ from amp_rewrite.autodiff.registry import lookup, rules
 from amp_rewrite.cli import main
 from amp_rewrite.training import gradient_model
 from tests.gradcases import CASES
+from tests.gradcheck import ort_run
 
 PROMISED = (
     "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Exp",
@@ -85,8 +86,6 @@ def test_cli_grad_user_errors(tmp_path, capsys, args, message):
 def test_cli_grad_writes_a_runnable_model(tmp_path, capsys):
     import onnx
 
-    from tests.gradcheck import ort_run
-
     source, target = tmp_path / "m.onnx", tmp_path / "g.onnx"
     onnx.save(_model_with("Relu"), source)
     assert main(["grad", str(source), "--loss", "loss", "-o", str(target)]) == 0
@@ -114,3 +113,18 @@ def test_a_weight_read_only_as_a_constant_is_refused():
     with pytest.raises(UserError, match="does not depend on 'high' through a differentiable input"):
         gradient_model(model, "loss", ["x", "high"])
     assert [o.name for o in gradient_model(model, "loss").graph.output] == ["loss", "x_grad"]
+
+
+def test_gradient_model_takes_a_path_a_proto_or_an_onnx_ir_model(tmp_path):
+    import onnx
+    import onnx_ir as ir
+
+    model = _model_with("Relu")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    before = model.SerializeToString()
+    results = [gradient_model(m, "loss") for m in (model, str(path), ir.serde.deserialize_model(model))]
+    assert model.SerializeToString() == before  # the argument is never modified
+    for grad in results:
+        assert [o.name for o in grad.graph.output] == ["loss", "w_grad"]
+        np.testing.assert_array_equal(ort_run(grad, {}, ["w_grad"])["w_grad"], np.eye(3) > 0)
