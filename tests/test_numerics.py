@@ -236,6 +236,21 @@ def test_generated_inputs_respect_types_named_dims_and_vocabularies() -> None:
         assert (sample["attention_mask"] == 1).all() and sample["extra"].dtype == np.float32
 
 
+def test_a_dimension_declared_minus_one_is_dynamic(tmp_path) -> None:
+    """Some exporters write -1 for a dynamic dimension: a real sample of any extent is accepted
+    there, and generated inputs give it an extent (an OCR model's [-1, 3, ?, ?] input)."""
+    m = model("(float[2,3] x) => (float[2,3] y) { y = Relu(x) }")
+    for i, extent in enumerate((-1, 3)):
+        m.graph.input[0].type.tensor_type.shape.dim[i].dim_value = extent
+    m.graph.output[0].type.tensor_type.shape.Clear()
+    np.savez(tmp_path / "x.npz", x=np.ones((5, 3), np.float32))
+    assert samples.load_npz(tmp_path / "x.npz", m)["x"].shape == (5, 3)
+    assert samples.generate(m)[0]["x"].shape == (samples.UNNAMED_DIM, 3)
+    np.savez(tmp_path / "bad.npz", x=np.ones((5, 4), np.float32))
+    with pytest.raises(amp_rewrite.UserError, match=r"has shape \[5, 4\], the model expects \[\?, 3\]"):
+        samples.load_npz(tmp_path / "bad.npz", m)
+
+
 def test_cli_check_exit_codes_and_reports(tmp_path) -> None:
     m = _layer_norm_model()
     original, broken, good = tmp_path / "m.onnx", tmp_path / "broken.onnx", tmp_path / "good.onnx"

@@ -86,7 +86,7 @@ def checked(sample: Mapping[str, np.ndarray], model: onnx.ModelProto, origin: st
         dims = info.type.tensor_type.shape.dim
         if info.type.tensor_type.HasField("shape") and (
             len(dims) != array.ndim
-            or any(d.HasField("dim_value") and d.dim_value != n for d, n in zip(dims, array.shape))
+            or any(_fixed(d) is not None and _fixed(d) != n for d, n in zip(dims, array.shape))
         ):
             raise UserError(f"{origin}: input {name!r} has shape {list(array.shape)}, the model expects "
                             f"{_shape_text(dims)}")
@@ -146,7 +146,7 @@ def _shape(info: onnx.ValueInfoProto, fixed: Sequence[int] | None, named: dict[s
         raise UserError(f"input {info.name!r} is not a tensor; pass its data with --inputs")
     shape = []
     for d in tensor_type.shape.dim:
-        if d.HasField("dim_value"):
+        if _fixed(d) is not None:
             shape.append(d.dim_value)
         elif d.dim_param:
             shape.append(named.setdefault(d.dim_param, NAMED_DIM))
@@ -178,6 +178,12 @@ def _numpy_type(elem_type: int) -> np.dtype:
         raise UserError(f"unsupported input element type {elem_type}") from None
 
 
+def _fixed(dim) -> int | None:
+    """A dimension's fixed extent; None for a name, nothing, or the -1 some exporters write for
+    a dynamic dimension."""
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value >= 0 else None
+
+
 def _shape_text(dims: Iterable) -> str:
-    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+    return "[" + ", ".join(str(_fixed(d)) if _fixed(d) is not None else (d.dim_param or "?")
                            for d in dims) + "]"
