@@ -273,3 +273,31 @@ def test_huge_mask_constant_keeps_the_masked_scores_fp32_without_a_range_check()
     got, want = run(out, x=x, keep=keep)[0], run(m, x=x, keep=keep)[0]
     assert np.isfinite(got).all() and np.isfinite(want).all()
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_values_truncated_to_integers_are_computed_in_fp32():
+    """Rule: the node computing a value that a Cast turns into an integer (through Floor and data
+    movement) stays fp32, even under the all-low policy: float16 would move 20.98 to 21."""
+    m = model("""(float[2,4] x) => (float[2,4] y, int64[2,4] ids) {
+        [allow1] a = MatMul(x, w)
+        [scale_fp32] s = Mul(a, k)
+        [floor_fp32] f = Floor(s)
+        [move_fp32] r = Reshape(f, shape)
+        [cast_fp32] ids = Cast<to=7>(r)
+        [allow2] y = MatMul(a, w2)
+    }""", {**W, "k": np.array(1.0, np.float32), "shape": np.array([2, 4], np.int64)})
+    out, report = convert(m, **schema_only(policy="all-low"))
+    got = colors(out)
+    assert {k: got[k] for k in ("scale_fp32", "floor_fp32", "move_fp32")} == {
+        "scale_fp32": "fp32", "floor_fp32": "fp32", "move_fp32": "fp32"}
+    assert got["allow1"] == "low" and got["allow2"] == "low"
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "truncated to an integer by Cast 'cast_fp32'" in reasons["scale_fp32"]
+    x = np.full((2, 4), 1.0, np.float32)
+    w = np.full((4, 4), 20.98 / 4, np.float32)  # a = 20.98 exactly enough in float32; float16 says 21.0
+    m2 = model("""(float[2,4] x) => (int64[2,4] ids) {
+        [allow1] a = MatMul(x, w)
+        [cast_fp32] ids = Cast<to=7>(a)
+    }""", {"w": w})
+    out2, _ = convert(m2, **schema_only(policy="all-low"))
+    assert run(out2, x=x)[0].tolist() == run(m2, x=x)[0].tolist() == [[20] * 4] * 2

@@ -1,7 +1,7 @@
 """The numbered pipeline: analysis passes color the model, then ``InsertCasts`` edits it.
 
 1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
-5. MeasureRanges  6. PropagateDeny  7. ChooseMinCasts  8. InsertCasts
+5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. ChooseMinCasts  9. InsertCasts
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ from amp_rewrite.rewrite.passes.color_by_policy import ColorByPolicy
 from amp_rewrite.rewrite.passes.find_candidates import FindCandidates
 from amp_rewrite.rewrite.passes.infer_types import InferTypes
 from amp_rewrite.rewrite.passes.insert_casts import InsertCasts
+from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
 from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
 from amp_rewrite.rewrite.passes.propagate_deny import PropagateDeny
 
-ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, MeasureRanges, PropagateDeny,
-            ChooseMinCasts)
+ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
+            PropagateDeny, ChooseMinCasts)
 
 __all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InsertCasts",
-           "KeepUnfitConstants", "MeasureRanges", "PropagateDeny"]
+           "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny"]
