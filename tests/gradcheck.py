@@ -74,8 +74,10 @@ def analytic(model: onnx.ModelProto, wrt: list[str], runner: str = "reference") 
     return dict(zip(names, session.run(names, {})))
 
 
-def numeric(model: onnx.ModelProto, wrt: list[str], eps: float = EPS) -> dict[str, np.ndarray]:
-    """Central differences of the loss for every element of every parameter (float64)."""
+def numeric(model: onnx.ModelProto, wrt: list[str], eps: float = EPS,
+            runner: str = "reference") -> dict[str, np.ndarray]:
+    """Central differences of the loss for every element of every parameter (float64), run by
+    onnx's reference evaluator or (``runner="ort"``) ONNX Runtime."""
     base = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     grads = {}
     for name in wrt:
@@ -86,18 +88,20 @@ def numeric(model: onnx.ModelProto, wrt: list[str], eps: float = EPS) -> dict[st
             for sign in (1, -1):
                 shifted = x.copy()
                 shifted[i] += sign * eps
-                values.append(_loss(model, name, shifted))
+                values.append(_loss(model, name, shifted, runner))
             g[i] = (values[0] - values[1]) / (2 * eps)
         grads[f"{name}_grad"] = g
     return grads
 
 
-def _loss(model: onnx.ModelProto, name: str, array: np.ndarray) -> float:
+def _loss(model: onnx.ModelProto, name: str, array: np.ndarray, runner: str) -> float:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     for t in m.graph.initializer:
         if t.name == name:
             t.CopyFrom(numpy_helper.from_array(array, name))
+    if runner == "ort":
+        return float(ort_run(m, {}, ["loss"])["loss"])
     return float(ReferenceEvaluator(m).run(["loss"], {})[0])
 
 

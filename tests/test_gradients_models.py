@@ -10,7 +10,6 @@ import os
 import onnx
 import pytest
 
-from amp_rewrite import UserError
 from amp_rewrite.runtime import samples
 from amp_rewrite.training import gradient_model
 from models import builders
@@ -28,24 +27,13 @@ def test_light_model_gradients(path: str) -> None:
     directional_check(model, feeds, spread_weights(model))
 
 
-LOOPS = {"control_flow"}
-"""Samples whose weights all reach the output through a Loop, which has no gradient rule."""
-
-
-@pytest.mark.parametrize("name", sorted(set(builders.SAMPLES) - LOOPS))
+@pytest.mark.parametrize("name", sorted(builders.SAMPLES))
 def test_sample_model_gradients(name: str) -> None:
     model = builders.SAMPLES[name]()
     feeds = samples.generate(model, 1, None, 0)[0]
     model = with_loss(model, feeds)
     grad = directional_check(model, feeds, spread_weights(model))
     assert {o.name for o in model.graph.output} < {o.name for o in grad.graph.output}
-
-
-def test_loop_sample_is_a_clear_error() -> None:
-    model = builders.control_flow()
-    model = with_loss(model, samples.generate(model, 1, None, 0)[0])
-    with pytest.raises(UserError, match=r"no gradient rule for Loop \(domain ai.onnx, opset \d+\) at node "):
-        gradient_model(model, "loss")
 
 
 def test_default_wrt_is_every_float_weight_the_loss_reads() -> None:

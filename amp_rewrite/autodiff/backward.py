@@ -26,6 +26,7 @@ from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
 from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
 from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.ir.tensors import constant_tensor, external_location
+from amp_rewrite.ir.types import SUBGRAPH_OUTPUT_OFFSET
 
 
 class Backward:
@@ -141,10 +142,13 @@ class Backward:
             if self.rule(node) is None:
                 missing.append((node.domain, node.op_type, self.index.opset(node), node.label))
                 continue
+            offset = SUBGRAPH_OUTPUT_OFFSET.get(node.op_type, 0)  # a Loop body's first output is its condition
             for body in self.index.subgraphs.get(node.id, ()):
-                outputs = self.index.graphs[body].outputs
-                body_seeds = [outputs[i] for i, k in enumerate(node.outputs) if k in needed and i < len(outputs)]
-                body_targets = [k for k in self.closure(node) if k in active]
+                graph = self.index.graphs[body]
+                body_seeds = [graph.outputs[i + offset] for i, k in enumerate(node.outputs)
+                              if k in needed and i + offset < len(graph.outputs)]
+                states = [graph.scope[i.name] for i in graph.proto.input[offset + 1:]] if offset else []
+                body_targets = [k for k in self.closure(node) if k in active] + states
                 self._find_missing(body, body_seeds, body_targets, missing)
 
     # -- building ---------------------------------------------------------------------------------

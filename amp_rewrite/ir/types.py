@@ -19,7 +19,7 @@ _CONSTANT_ATTRIBUTE_TYPES = {
 _DEFAULT_OUTPUT_TYPES = {"ConstantOfShape": TensorProto.FLOAT, "RandomNormal": TensorProto.FLOAT,
                          "RandomUniform": TensorProto.FLOAT, "Multinomial": TensorProto.INT32}
 # For control-flow ops: node output i is subgraph output i + offset.
-_SUBGRAPH_OUTPUT_OFFSET = {"If": 0, "Loop": 1, "Scan": 0}
+SUBGRAPH_OUTPUT_OFFSET = {"If": 0, "Loop": 1, "Scan": 0}
 
 
 def infer_types(index: ModelIndex) -> None:
@@ -82,7 +82,7 @@ def _attribute_type(proto: onnx.NodeProto, domain: str) -> int | None:
 
 
 def _subgraph_types(index: ModelIndex, node: Node) -> dict[int, int] | None:
-    offset = _SUBGRAPH_OUTPUT_OFFSET.get(node.op_type)
+    offset = SUBGRAPH_OUTPUT_OFFSET.get(node.op_type)
     if offset is None or node.domain != "":
         return None
     graph_ids = index.subgraphs.get(node.id)
