@@ -33,16 +33,14 @@ class Backward:
     """The backward pass over one model (its index is built once; the model is edited only by
     the nodes the caller appends and by rules that export values from subgraphs)."""
 
-    def __init__(self, index: ModelIndex, types: dict[str, int]) -> None:
+    def __init__(self, index: ModelIndex) -> None:
         self.index = index
-        self.types = types
         sizes = ValueSizes(index)
         self.shapes = {v.key: sizes.shape(v) for v in index.all_values()}
         self._nodes: dict[int, list[Node]] = defaultdict(list)
         for node in index.nodes:
             self._nodes[node.graph].append(node)
         self._closures: dict[int, list[ValueKey]] = {}
-        self._owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
 
     # -- what the graph says ----------------------------------------------------------------------
     def rule(self, node: Node) -> Rule | None:
@@ -129,14 +127,17 @@ class Backward:
         chosen.reverse()
         return chosen, active, needed
 
-    def check(self, graph_id: int, seeds: Iterable[ValueKey], targets: Iterable[ValueKey]) -> None:
-        """Raise one UserError naming the ops on the path that have no gradient rule."""
+    def check(self, graph_id: int, seeds: Iterable[ValueKey], targets: Iterable[ValueKey]) -> set[ValueKey]:
+        """Raise one UserError naming the ops on the path that have no gradient rule; else return
+        the values the seeds depend on (see ``plan``)."""
         missing: list[tuple[str, str, int, str]] = []
-        self._find_missing(graph_id, list(seeds), list(targets), missing)
+        needed = self._find_missing(graph_id, list(seeds), list(targets), missing)
         if missing:
             raise missing_rule_error(missing)
+        return needed
 
-    def _find_missing(self, graph_id: int, seeds: list[ValueKey], targets: list[ValueKey], missing: list) -> None:
+    def _find_missing(self, graph_id: int, seeds: list[ValueKey], targets: list[ValueKey],
+                      missing: list) -> set[ValueKey]:
         chosen, active, needed = self.plan(graph_id, seeds, targets)
         for node in chosen:
             if self.rule(node) is None:
@@ -150,6 +151,7 @@ class Backward:
                 states = [graph.scope[i.name] for i in graph.proto.input[offset + 1:]] if offset else []
                 body_targets = [k for k in self.closure(node) if k in active] + states
                 self._find_missing(body, body_seeds, body_targets, missing)
+        return needed
 
     # -- building ---------------------------------------------------------------------------------
     def run(self, graph_id: int, seeds: dict[ValueKey, str], targets: Sequence[ValueKey],

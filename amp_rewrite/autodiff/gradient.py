@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
-from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder, Names
+from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
 from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey, names_read
 from amp_rewrite.ir.opsets import ensure_opset
 from amp_rewrite.ir.types import typed_index
@@ -29,6 +29,8 @@ class Backprop:
 
     grads: dict[str, str]
     builder: GraphBuilder
+    shapes: dict[str, tuple | None]
+    """Each parameter's shape (ints, dimension names, or None per unknown extent)."""
 
 
 def gradient_model(model, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
@@ -51,8 +53,6 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
     backprop = add_backward(proto, loss, wrt)
     graph = proto.graph
     taken = {o.name for o in graph.output} | backprop.builder.names.taken
-    shapes = {t.name: list(t.dims) for t in graph.initializer}
-    shapes.update((i.name, _dims(i)) for i in graph.input)
     b = backprop.builder
     producers = {out: node for node in b.nodes for out in node.output}
     read = names_read(b.nodes) | {i for node in b.nodes for i in node.input}
@@ -69,7 +69,8 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
             renamed.add(grad)
         else:
             b.op("Identity", grad, outputs=[name])
-        graph.output.append(helper.make_tensor_value_info(name, elem_type, shapes.get(param)))
+        shape = backprop.shapes[param]
+        graph.output.append(helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape)))
     graph.node.extend(b.nodes)
     return proto
 
@@ -88,20 +89,17 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     loss_value = index.values[loss_key]
     if loss_value.elem_type not in FLOAT_TYPES:
         raise UserError(f"loss {loss!r} is not a float tensor: it cannot be differentiated")
-    types = {v.name: v.elem_type for v in index.all_values() if v.elem_type}
-    engine = Backward(index, types)
+    engine = Backward(index)
     shape = engine.shapes.get(loss_key)
     if shape is not None and not all(d == 1 for d in shape):
         raise UserError(f"loss {loss!r} must be a scalar (one element); its shape is {list(shape)}")
     targets = _targets(index, engine, loss_key, wrt)
-    engine.check(0, [loss_key], targets)
-    _, _, needed = engine.plan(0, [loss_key], targets)
+    needed = engine.check(0, [loss_key], targets)
     unreached = [key[1] for key in targets if key not in needed]
     if unreached:
         raise UserError(f"the loss {loss!r} does not depend on {', '.join(map(repr, unreached))} through a "
                         "differentiable input (a running statistic, a bound or an exponent gets no gradient)")
-    opset = index.opsets.get("", MIN_OPSET)
-    b = GraphBuilder(Names.of_model(proto), opset, types, prefix="grad_")
+    b = GraphBuilder.for_index(index, prefix="grad_", default_opset=MIN_OPSET)
     if seed is None:
         seed = b.op("ConstantOfShape", b.op("Shape", loss), value=numpy_helper.from_array(
             np.ones(1, helper.tensor_dtype_to_np_dtype(loss_value.elem_type))))
@@ -112,15 +110,14 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     found = engine.run(0, {loss_key: seed}, targets, b)
     # A target on the path can still receive nothing (only a buffer output was read): zero.
     grads = {key[1]: found[key] if key in found else b.zeros_like(key[1]) for key in targets}
-    return Backprop(grads, b)
+    return Backprop(grads, b, {key[1]: engine.shapes.get(key) for key in targets})
 
 
 def default_parameters(proto: onnx.ModelProto, loss: str) -> list[str]:
     """Every float initializer that the output ``loss`` depends on through a differentiable input
     (at the opset gradients are built at: rules decide which inputs are differentiable)."""
     index = typed_index(ensure_opset(proto, MIN_OPSET))
-    types = {v.name: v.elem_type for v in index.all_values() if v.elem_type}
-    return [key[1] for key in _targets(index, Backward(index, types), (0, loss), None)]
+    return [key[1] for key in _targets(index, Backward(index), (0, loss), None)]
 
 
 def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | None) -> list[ValueKey]:
@@ -142,10 +139,4 @@ def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | N
             raise UserError(f"--wrt {name!r} is not a float tensor: it has no gradient")
         targets.append(value.key)
     return targets
-
-
-def _dims(info: onnx.ValueInfoProto) -> list | None:
-    if not info.type.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in info.type.tensor_type.shape.dim]
 

@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_rewrite.ir.types import output_types
+from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.ir.types import output_types, value_types
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
 
@@ -72,6 +73,12 @@ class GraphBuilder:
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self._constants: dict[tuple, str] = {}
+
+    @classmethod
+    def for_index(cls, index: ModelIndex, prefix: str = "", default_opset: int = 17) -> GraphBuilder:
+        """A builder for ``index``'s model: its names taken, its values' types known, its
+        default-domain opset (``default_opset`` when it imports none)."""
+        return cls(Names.of_model(index.model), index.opsets.get("", default_opset), value_types(index), prefix)
 
     def child(self, prefix: str | None = None) -> GraphBuilder:
         """A builder for a subgraph: same names and known types, its own nodes and constants."""

@@ -32,6 +32,11 @@ def infer_types(index: ModelIndex) -> None:
                 _infer(index, node)
 
 
+def value_types(index: ModelIndex) -> dict[str, int]:
+    """Element type by value name, for the values whose type is known (names are unique model-wide)."""
+    return {v.name: v.elem_type for v in index.all_values() if v.elem_type}
+
+
 def typed_index(model: onnx.ModelProto) -> ModelIndex:
     """The model's def-use index, every value with the element type its declarations and schemas imply."""
     index = ModelIndex(model)

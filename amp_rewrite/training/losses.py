@@ -19,8 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder, Names
-from amp_rewrite.ir.opsets import default_opset
+from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
 from amp_rewrite.ir.types import typed_index
 
 LOSSES = ("cross-entropy", "mse")
@@ -56,8 +55,7 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
             raise UserError(f"the model already has a value named {name!r}; choose another --labels name"
                             if name == labels else f"the model already has a value named {name!r}")
     shape = [d.dim_param or d.dim_value or None for d in outputs[output].type.tensor_type.shape.dim]
-    b = GraphBuilder(Names.of_model(proto), default_opset(proto) or 17,
-                     {v.name: v.elem_type for v in index.all_values() if v.elem_type})
+    b = GraphBuilder.for_index(index)
     b.types[labels] = TensorProto.INT64 if kind == "cross-entropy" else value.elem_type
     if kind == "cross-entropy":
         if len(shape) < 2:

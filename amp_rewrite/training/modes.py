@@ -19,7 +19,6 @@ from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
-from amp_rewrite.ir.opsets import default_opset
 from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.ir.tensors import read_array
 from amp_rewrite.ir.types import typed_index
@@ -38,8 +37,7 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
     now graph inputs, with the values that update them."""
     index = typed_index(proto)
     sizes = ValueSizes(index)
-    b = GraphBuilder(Names.of_model(proto), default_opset(proto) or 17,
-                     {v.name: v.elem_type for v in index.all_values() if v.elem_type}, prefix="bn_")
+    b = GraphBuilder.for_index(index, prefix="bn_")
     tensors = {t.name: t for t in proto.graph.initializer}
     stats: list[RunningStat] = []
     kept = []
