@@ -121,3 +121,12 @@ def constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
         if attr.name in ("value_int", "value_ints"):
             return numpy_helper.from_array(np.array(attr.i if attr.name == "value_int" else list(attr.ints), np.int64))
     return None
+
+
+def initializer_to_input(graph: onnx.GraphProto, tensor: onnx.TensorProto, elem_type: int) -> None:
+    """Make the initializer ``tensor`` a graph input of ``elem_type`` and its shape (dropping the
+    input that lists it in IR < 4 models, where every initializer is also an input)."""
+    graph.initializer.remove(tensor)
+    for info in [i for i in graph.input if i.name == tensor.name]:
+        graph.input.remove(info)
+    graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, elem_type, list(tensor.dims)))

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.sizes import ValueSizes
-from amp_rewrite.ir.tensors import read_array
+from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.ir.types import typed_index
 
 
@@ -40,7 +40,7 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
     b = GraphBuilder.for_index(index, prefix="bn_")
     tensors = {t.name: t for t in proto.graph.initializer}
     stats: list[RunningStat] = []
-    kept = []
+    replaced: dict[int, list[onnx.NodeProto]] = {}
     for node in index.nodes:
         proto_node = node.proto
         if node.graph != 0 or node.op_type != "BatchNormalization" or node.domain != "":
@@ -71,26 +71,19 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
             moved = step.op("Add", step.op("Mul", stat, step.const(momentum, like=stat)),
                             step.op("Mul", flat, step.const(1 - momentum, like=stat)))
             stats.append(RunningStat(stat, moved, role, read_array(tensors[stat], None).astype(np.float32)))
-        kept.append((proto_node, step.nodes))
-    for proto_node, nodes in kept:
-        graph = proto.graph.node
-        at = list(graph).index(proto_node)
-        del graph[at]
-        for offset, new in enumerate(nodes):
-            graph.insert(at + offset, new)
-    listed = {i.name: i for i in proto.graph.input}
+        replaced[node.position] = step.nodes
+    if replaced:
+        nodes = [new for at, old in enumerate(proto.graph.node) for new in replaced.get(at, [old])]
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
     for stat in stats:
-        proto.graph.initializer.remove(tensors[stat.input])
-        if stat.input in listed:  # an initializer listed as an input (IR < 4)
-            proto.graph.input.remove(listed[stat.input])
-        proto.graph.input.append(helper.make_tensor_value_info(stat.input, TensorProto.FLOAT, list(stat.value.shape)))
+        initializer_to_input(proto.graph, tensors[stat.input], TensorProto.FLOAT)
     return stats
 
 
-def dropout_to_train_mode(proto: onnx.ModelProto) -> int:
-    """Give every Dropout ``training_mode`` true (its ratio defaults to 0.5); return how many."""
+def dropout_to_train_mode(proto: onnx.ModelProto) -> None:
+    """Give every Dropout ``training_mode`` true (its ratio defaults to 0.5)."""
     names = Names.of_model(proto)
-    count = 0
     for node in proto.graph.node:
         if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
             continue
@@ -107,5 +100,3 @@ def dropout_to_train_mode(proto: onnx.ModelProto) -> int:
         kept = [a for a in node.attribute if a.name not in ("ratio", "is_test")]
         del node.attribute[:]
         node.attribute.extend(kept)
-        count += 1
-    return count

@@ -29,7 +29,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.opsets import ensure_opset
-from amp_rewrite.ir.tensors import read_array
+from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
@@ -40,6 +40,8 @@ from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, optimizer
 from amp_rewrite.training.scaling import LossScale, unscale, update
 
 PRECISIONS = ("float16", "bfloat16", "float32")
+LR, WEIGHT_DECAY = "lr", "weight_decay"
+"""The step's hyper-parameter inputs (float32 scalars): a schedule feeds them, no rebuild."""
 FLOAT = TensorProto.FLOAT
 
 
@@ -141,24 +143,18 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         if settings.range_check != "off" and not settings.calibrate:
             # The range check must see the real weights, which are inputs now.
             sample = {**samples.generate(proto, 1, None, settings.seed)[0], **initial}
-            if labels_name is not None and loss == "loss" and sample[labels_name].dtype.kind == "i":
+            if labels_name is not None and sample[labels_name].dtype.kind == "i":
                 sample[labels_name] = np.zeros_like(sample[labels_name])  # class 0 exists in every model
             settings = replace(settings, calibrate=[sample], range_check="off")
         analysis, stats = rewrite(proto, settings.validated(), None)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
     step = _assemble(proto, loss, names, initial, opt, scaling, running)
-    not_data = {c.input for c in step.carried} | set(_hyper()) | {t.name for t in proto.graph.initializer}
-    data = [i.name for i in proto.graph.input if i.name not in not_data]  # IR < 4 lists initializers as inputs
-    spec = StepSpec(data=data, labels=labels_name, loss=loss, skipped=step.skipped,
+    spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
-                    lr="lr", weight_decay="weight_decay", precision=precision, optimizer=opt.name,
+                    lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling))
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
-
-
-def _hyper() -> tuple[str, ...]:
-    return ("lr", "weight_decay")
 
 
 def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarray]:
@@ -173,11 +169,7 @@ def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.n
         if tensor.data_type not in FLOAT_TYPES:
             raise UserError(f"parameter {name!r} is not a float tensor")
         values[name] = read_array(tensor, None).astype(np.float32)
-        graph.initializer.remove(tensor)
-        for info in list(graph.input):
-            if info.name == name:  # an initializer listed as an input (IR < 4)
-                graph.input.remove(info)
-        graph.input.append(helper.make_tensor_value_info(name, FLOAT, list(values[name].shape)))
+        initializer_to_input(graph, tensor, FLOAT)
     return values
 
 
@@ -191,7 +183,7 @@ class _Assembled:
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
               opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat]) -> _Assembled:
     graph = proto.graph
-    scalar_inputs = ["lr", "weight_decay", "loss_scale", "clean_steps", "step"]
+    scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"]
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
     clash = [n for n in scalar_inputs if n in taken]
     if clash:
@@ -208,7 +200,7 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
     else:
         found_inf = b.const(np.array(False))
     taking = b.op("Add", "step", b.const(1.0, like="step"))
-    hyper = Hyper("lr", "weight_decay", taking)
+    hyper = Hyper(LR, WEIGHT_DECAY, taking)
     carried, values, outputs = [], dict(initial), {}
     for param, grad in zip(params, grads):
         states = [f"{param}.{s}" for s in opt.states]
