@@ -14,7 +14,7 @@ from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime.samples import read_npz
-from amp_rewrite.training.trainer import Trainer, describe
+from amp_rewrite.training.trainer import Trainer, describe, sample_count
 
 
 def add_parser(commands) -> None:
@@ -72,13 +72,7 @@ def _checked(step, data: dict[str, np.ndarray], origin: str) -> dict[str, np.nda
     """The arrays the step reads, cast to its input types: present, of one length, shaped as the
     model declares, and labels that fit the loss."""
     spec = step.spec
-    missing = [name for name in spec.data if name not in data]
-    if missing:
-        raise UserError(f"{origin} has no array for {', '.join(missing)} (it has {', '.join(data) or 'none'})")
-    lengths = {name: len(data[name]) for name in spec.data}
-    if len(set(lengths.values())) != 1:
-        raise UserError(f"{origin}: the arrays disagree in length: " +
-                        ", ".join(f"{k} {v}" for k, v in lengths.items()))
+    sample_count(data, spec.data, origin)
     inputs = {i.name: i.type.tensor_type for i in step.model.graph.input}
     result = {}
     for name in spec.data:

@@ -182,7 +182,8 @@ class _StatBuilder:
 
 def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: bool = False):
-    """An ONNX Runtime session; external data is read from ``base_dir``."""
+    """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
+    start); external data is read from ``base_dir``."""
     import onnxruntime as ort
 
     if provider not in ort.get_available_providers():
@@ -195,7 +196,11 @@ def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     if base_dir:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          os.fspath(base_dir))
-    return ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
+    created = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
+    if provider not in created.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
+        raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
+                        f"the session got {', '.join(created.get_providers())}")
+    return created
 
 
 def run(sess, feeds: Mapping[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training.step import TrainingStep
 
@@ -54,25 +55,14 @@ class Trainer:
         low-precision value rounded where it is produced (``runtime.emulate``): the CPU provider
         computes most float16 nodes in float32 and drops the roundings between them, so without
         emulation a float16 step there would neither overflow nor underflow as it does on a GPU."""
-        import onnxruntime as ort
-
-        if provider not in ort.get_available_providers():
-            raise UserError(f"{provider} is not available in this onnxruntime "
-                            f"(available: {', '.join(ort.get_available_providers())})")
         self.step_graph = step
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        # Basic optimizations only: fusions across the casts would change the precision chosen.
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
         model = emulated(step.model) if self.emulated else step.model
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
-        if provider not in self.session.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
-            raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
-                            f"the session got {', '.join(self.session.get_providers())}")
+        # Basic optimizations only: fusions across the casts would change the precision chosen.
+        self.session = instrument.session(model, None, provider, optimize=True)
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
@@ -85,7 +75,7 @@ class Trainer:
         return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device, 0)
 
     # -- one step ---------------------------------------------------------------------------------
-    def step(self, batch: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> StepResult:
+    def step(self, batch: Mapping[str, np.ndarray]) -> StepResult:
         """One training step on ``batch`` (arrays keyed by the step's data inputs)."""
         missing = [name for name in self.spec.data if name not in batch]
         if missing:
@@ -99,20 +89,18 @@ class Trainer:
         for carried in self.spec.carried:
             binding.bind_ortvalue_input(carried.input, current[carried.input])
             binding.bind_ortvalue_output(carried.output, following[carried.input])
-        for name in (self.spec.loss, self.spec.skipped, *outputs):
+        for name in (self.spec.loss, self.spec.skipped):
             binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(binding)
-        read = (self.spec.loss, self.spec.skipped, *outputs)  # bound last: the tail of the outputs
-        results = {name: value.numpy() for name, value in zip(read, binding.get_outputs()[-len(read):])}
+        loss, skipped = (value.numpy() for value in binding.get_outputs()[-2:])  # bound last
         self._buffers = [following, current]
         self.steps += 1
-        skipped = bool(results[self.spec.skipped])
+        skipped = bool(skipped)
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         if self.consecutive_skips == SKIP_WARNING:
             print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
                   f"{self.scale:g}); if the forward itself makes NaN, loss scaling cannot help", file=sys.stderr)
-        self.last_outputs = {name: results[name] for name in outputs}
-        return StepResult(float(results[self.spec.loss]), self.scale, skipped)
+        return StepResult(float(loss), self.scale, skipped)
 
     def value(self, name: str) -> np.ndarray:
         """The current value of a carried input (a weight, an optimizer state, the scale)."""
@@ -131,7 +119,7 @@ class Trainer:
     def fit(self, data: Mapping[str, np.ndarray], epochs: int = 1, batch_size: int = 32,
             eval_data: Mapping[str, np.ndarray] | None = None, seed: int = 0, progress: bool = True) -> History:
         """Shuffled mini-batches for ``epochs`` epochs; returns the per-epoch history."""
-        count = _sample_count(data, self.spec.data)
+        count = sample_count(data, self.spec.data)
         history = History()
         live = progress and sys.stderr.isatty()
         rng = np.random.default_rng(seed)
@@ -164,15 +152,10 @@ class Trainer:
     def evaluate(self, data: Mapping[str, np.ndarray], batch_size: int = 256) -> dict[str, float]:
         """Mean loss of the float32 model with the current weights (and accuracy for a
         cross-entropy loss), on ONNX Runtime's CPU provider."""
-        import onnxruntime as ort
-
-        model = self.with_weights(self.step_graph.forward)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = instrument.session(self.with_weights(self.step_graph.forward))
         names = [self.spec.loss, *self.spec.outputs[:1]]
-        inputs = [i.name for i in session.get_inputs()]
-        count = _sample_count(data, inputs)
+        inputs = self.spec.data
+        count = sample_count(data, inputs)
         total, correct = 0.0, 0
         classes = self.spec.labels is not None and data[self.spec.labels].dtype.kind in "iu"
         for start in range(0, count, batch_size):
@@ -212,13 +195,15 @@ class Trainer:
         return build_report(analysis, stats)
 
 
-def _sample_count(data: Mapping[str, np.ndarray], names) -> int:
+def sample_count(data: Mapping[str, np.ndarray], names, origin: str = "the data") -> int:
+    """How many samples ``data`` holds for ``names``: every name present, all of one length."""
     missing = [n for n in names if n not in data]
     if missing:
-        raise UserError(f"the data has no arrays named {', '.join(missing)} (it has {', '.join(data)})")
+        raise UserError(f"{origin} has no array for {', '.join(missing)} (it has {', '.join(data) or 'none'})")
     lengths = {n: len(data[n]) for n in names}
     if len(set(lengths.values())) != 1:
-        raise UserError("the data's arrays disagree in length: " + ", ".join(f"{n}: {v}" for n, v in lengths.items()))
+        raise UserError(f"{origin}: the arrays disagree in length: " +
+                        ", ".join(f"{n} {v}" for n, v in lengths.items()))
     return next(iter(lengths.values()))
 
 
