@@ -38,19 +38,20 @@ CPU_BATCHES = "32,64"
 
 def provider() -> str:
     """CUDA when a session really gets it (onnxruntime-gpu lists it even without CUDA libraries)."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return "CPUExecutionProvider"
+    from amp_rewrite import UserError
+    from amp_rewrite.runtime import instrument
+
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
-    return "CUDAExecutionProvider" if "CUDAExecutionProvider" in session.get_providers() else "CPUExecutionProvider"
+    try:
+        instrument.session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                           provider="CUDAExecutionProvider")
+    except UserError:
+        return "CPUExecutionProvider"
+    return "CUDAExecutionProvider"
 
 
 def one(batch: int, precision: str, image_size: int, steps: int) -> dict:

@@ -7,6 +7,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from amp_rewrite.ir.tensors import initializer_to_input
 from amp_rewrite.training import gradient_model
 from tests.gradcases import Case
 
@@ -194,10 +195,7 @@ def _session_with_input(model: onnx.ModelProto, name: str):
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     tensor = next(t for t in copy.graph.initializer if t.name == name)
-    copy.graph.initializer.remove(tensor)
-    listed = [i for i in copy.graph.input if i.name == name]
-    if not listed:
-        copy.graph.input.append(helper.make_tensor_value_info(name, tensor.data_type, list(tensor.dims)))
+    initializer_to_input(copy.graph, tensor, tensor.data_type)
     copy.graph.output.append(helper.make_tensor_value_info("loss_terms", onnx.TensorProto.FLOAT, None))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
