@@ -12,7 +12,8 @@ from amp_rewrite.ir.graph import Value, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime import instrument, samples, stages
+from amp_rewrite.runtime.isolate import isolated
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -125,15 +126,20 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
 
 
 def _measure(analysis: Analysis, watched: list[Value]) -> dict:
+    """Run in a child process (``isolate``), stage by stage (``stages``)."""
     model = analysis.index.model
     options = analysis.options
     data = (samples.resolve(options.calibrate, model) if options.calibrate
             else samples.generate(model, 1, seed=options.seed))
     threshold = analysis.precision.smallest_subnormal / 2
-    exposed = instrument.expose(model, [v.key for v in watched], threshold)
-    session = instrument.session(exposed.model, analysis.base_dir)
-    return instrument.merge(instrument.measure(exposed, instrument.run(session, sample), threshold)
-                            for sample in data)
+    keys = [v.key for v in watched]
+
+    def work(progress):
+        lifted = instrument.lift_nested(model, keys, threshold)
+        top = {name: (graph, name) for graph, name in keys if graph == 0}
+        return stages.measure(lifted.model, top, lifted.stats, data, threshold, analysis.base_dir, progress)
+
+    return isolated(work, "onnxruntime (range check)")
 
 
 def _nbytes(tensor: onnx.TensorProto) -> int:
