@@ -44,7 +44,7 @@ class MeasureRanges:
             try:
                 measured = _measure(analysis, watched)
             except Exception as exc:  # a safety net: a model ORT can't run is still converted
-                if calibrated:
+                if calibrated or analysis.options.inputs or analysis.options.shapes:
                     raise
                 analysis.range_check = f"skipped: onnxruntime could not run the model ({_first_line(exc)})"
                 analysis.notes.append(f"warning: range check {analysis.range_check}")
@@ -127,13 +127,21 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
 def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     model = analysis.index.model
     options = analysis.options
-    data = (samples.resolve(options.calibrate, model) if options.calibrate
-            else samples.generate(model, 1, seed=options.seed))
+    given = samples.resolve(options.calibrate or options.inputs, model)
     threshold = analysis.precision.smallest_subnormal / 2
     exposed = instrument.expose(model, [v.key for v in watched], threshold)
     session = instrument.session(exposed.model, analysis.base_dir)
-    return instrument.merge(instrument.measure(exposed, instrument.run(session, sample), threshold)
-                            for sample in data)
+
+    def measure(data: list[samples.Sample]) -> dict:
+        return instrument.merge(instrument.measure(exposed, instrument.run(session, sample), threshold)
+                                for sample in data)
+
+    if given:
+        return measure(given)
+    description, measured = samples.first_that_runs(samples.attempts(model, options.shapes, options.seed), measure)
+    if description:
+        analysis.notes.append(f"range check on generated inputs: {description}")
+    return measured
 
 
 def _nbytes(tensor: onnx.TensorProto) -> int:
