@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -128,6 +129,8 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     model = analysis.index.model
     options = analysis.options
     given = samples.resolve(options.calibrate or options.inputs, model)
+    candidates = iter([("", given)]) if given else samples.attempts(model, options.shapes, options.seed)
+    first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
     threshold = analysis.precision.smallest_subnormal / 2
     exposed = instrument.expose(model, [v.key for v in watched], threshold)
     session = instrument.session(exposed.model, analysis.base_dir)
@@ -136,9 +139,7 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
         return instrument.merge(instrument.measure(exposed, instrument.run(session, sample), threshold)
                                 for sample in data)
 
-    if given:
-        return measure(given)
-    description, measured = samples.first_that_runs(samples.attempts(model, options.shapes, options.seed), measure)
+    description, measured = samples.first_that_runs(itertools.chain([first], candidates), measure)
     if description:
         analysis.notes.append(f"range check on generated inputs: {description}")
     return measured
