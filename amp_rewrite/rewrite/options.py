@@ -99,14 +99,14 @@ class ConvertOptions:
             raise UserError(f"flush_share must be between 0 and 1, got {self.flush_share}")
         if self.headroom < 1:
             raise UserError(f"headroom must be at least 1, got {self.headroom}")
+        if isinstance(self.inputs, (str, os.PathLike, Mapping)) or not all(
+                isinstance(item, (str, os.PathLike, Mapping)) for item in self.inputs):
+            raise UserError("inputs must be a list of .npz paths or dicts of arrays")
         return ConvertOptions(**{**self.__dict__, "precision": precision, "shapes": _shapes(self.shapes),
                                  "range_check": self._range_check()})
 
     def _range_check(self) -> str:
-        """The range-check mode, "on" when the user gave its inputs or their shapes."""
-        if isinstance(self.inputs, (str, os.PathLike, Mapping)) or not all(
-                isinstance(item, (str, os.PathLike, Mapping)) for item in self.inputs):
-            raise UserError("inputs must be a list of .npz paths or dicts of arrays")
+        """The range-check mode: "on" when the user gave its inputs or their shapes."""
         given = "inputs" if self.inputs else "shapes" if self.shapes else None
         if given is None:
             return self.range_check

@@ -160,7 +160,7 @@ def first_that_runs(candidates: Iterable[tuple[str, list[Sample]]],
     for description, data in candidates:
         try:
             return description, run(data)
-        except Exception as exc:  # noqa: PERF203 - the next set may run where this one did not
+        except Exception as exc:  # the next set may run where this one did not
             first = first or exc
     raise first
 
