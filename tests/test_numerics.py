@@ -232,7 +232,7 @@ def test_generated_inputs_respect_types_named_dims_and_vocabularies() -> None:
     assert len(drawn) == 3
     for sample in drawn:
         assert sample["ids"].shape == (2, 5) and sample["ids"].max() < 50 and sample["ids"].max() >= 4
-        assert sample["attention_mask"].shape == (samples.NAMED_DIM, samples.NAMED_DIM)
+        assert sample["attention_mask"].shape == (2, 5)  # batch and seq, as the given shape of ids says
         assert (sample["attention_mask"] == 1).all() and sample["extra"].dtype == np.float32
 
 

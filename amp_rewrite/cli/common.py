@@ -11,6 +11,7 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.numerics.compare import METRICS, Tolerance, parse_tolerance
 from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_MODES, ConvertOptions
+from amp_rewrite.runtime.samples import parse_shape
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -62,7 +63,8 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
     if args.command == "convert":
         default, per_output = tolerances(args)
         extra = dict(calibrate=args.calibrate, validate=args.validate, tolerance=default, tolerances=per_output,
-                     headroom=args.headroom, flush_share=args.flush_share)
+                     headroom=args.headroom, flush_share=args.flush_share, inputs=args.inputs,
+                     shapes=dict(parse_shape(s) for s in args.shape))
     return ConvertOptions(
         precision=args.precision, provider=None if args.provider == "none" else args.provider,
         keep_io_types=args.keep_io_types, keep_fp32_ops=args.keep_fp32_op, keep_fp32_nodes=args.keep_fp32_node,

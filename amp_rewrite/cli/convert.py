@@ -27,6 +27,12 @@ def add_parser(commands) -> None:
     conv.add_argument("--quiet", action="store_true", help="print nothing on success")
     coloring_arguments(conv)
     numerics = conv.add_argument_group("numerics")
+    numerics.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
+                          help="range check: shape of a generated input, e.g. input_ids:1x128 (repeatable; "
+                               "default: what the graph implies, named dimensions otherwise 8)")
+    numerics.add_argument("--inputs", action="append", default=[], metavar="DATA.npz",
+                          help="range check: run it on this sample, keyed by input name, instead of generated "
+                               "inputs (repeatable); judges overflow only, unlike --calibrate")
     numerics.add_argument("--calibrate", nargs="+", default=[], metavar="DATA.npz",
                           help="measure the float32 model's values on these samples and keep in float32 "
                                "what overflows or flushes to zero")
@@ -51,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report.summary())
         print(f"  wrote {args.output}")
+    for note in report.notes:  # warnings reach the terminal even with --quiet, on stderr
+        if note.startswith("warning:"):
+            print(f"amp-rewrite: {note}", file=sys.stderr)
     if report.validation is not None and not report.validation.passed:
         print("amp-rewrite: validation failed: the written model is out of tolerance", file=sys.stderr)
         return EXIT_CHECK_FAILED

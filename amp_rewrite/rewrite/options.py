@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import operator
+import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from amp_rewrite.errors import UserError
@@ -32,7 +35,14 @@ class ConvertOptions:
       precision as other converters do (safety checks still apply).
     - ``range_check``: run the model on generated inputs and keep nodes whose
       values leave the target's range in float32: "auto" (models up to
-      ``range_check_max_bytes`` of weights), "on" or "off".
+      ``range_check_max_bytes`` of weights), "on" or "off". The inputs' named
+      dimensions take the extents the graph implies (a Reshape to a fixed shape);
+      when the model does not run on those, a few other extents are tried.
+    - ``shapes``: input name -> dimensions of that generated input (its named
+      dimensions take these extents in every input); they win over what the graph implies.
+    - ``inputs``: samples (.npz paths or dicts of arrays) to run the range check on
+      instead of generated inputs; unlike ``calibrate``, only overflow is judged.
+      ``shapes`` or ``inputs`` turn the range check on.
     - ``headroom``: measured magnitudes above ``precision max / headroom`` count
       as overflow (generated inputs can be narrower than real data).
     - ``underflow_share``: a constant whose values that flush to zero carry more
@@ -61,6 +71,8 @@ class ConvertOptions:
     headroom: float = 16.0
     underflow_share: float = 0.01
     seed: int = 0
+    shapes: dict[str, Sequence[int]] = field(default_factory=dict)
+    inputs: list = field(default_factory=list)
     calibrate: list = field(default_factory=list)
     flush_share: float = 0.05
     validate: list = field(default_factory=list)
@@ -87,8 +99,37 @@ class ConvertOptions:
             raise UserError(f"flush_share must be between 0 and 1, got {self.flush_share}")
         if self.headroom < 1:
             raise UserError(f"headroom must be at least 1, got {self.headroom}")
-        copy = ConvertOptions(**{**self.__dict__, "precision": precision})
-        return copy
+        if isinstance(self.inputs, (str, os.PathLike, Mapping)) or not all(
+                isinstance(item, (str, os.PathLike, Mapping)) for item in self.inputs):
+            raise UserError("inputs must be a list of .npz paths or dicts of arrays")
+        return ConvertOptions(**{**self.__dict__, "precision": precision, "shapes": _shapes(self.shapes),
+                                 "range_check": self._range_check()})
+
+    def _range_check(self) -> str:
+        """The range-check mode: "on" when the user gave its inputs or their shapes."""
+        given = "inputs" if self.inputs else "shapes" if self.shapes else None
+        if given is None:
+            return self.range_check
+        used = "calibrate" if self.calibrate else "validate" if self.validate else None
+        if used:
+            raise UserError(f"{given} set the range check's inputs, but it runs on the {used} samples; "
+                            f"pass those samples as {used}")
+        if self.inputs and self.shapes:
+            raise UserError("shapes set generated inputs, but inputs are given; pass one of them")
+        if self.range_check == "off":
+            raise UserError(f"{given} set the range check's inputs, but range_check is off")
+        return "on"
+
+
+def _shapes(shapes) -> dict[str, tuple[int, ...]]:
+    try:
+        checked = {str(name): tuple(operator.index(d) for d in dims) for name, dims in dict(shapes).items()}
+    except (TypeError, ValueError):
+        raise UserError(f"shapes must map input names to lists of integers, got {shapes!r}") from None
+    for name, dims in checked.items():
+        if any(d < 0 for d in dims):
+            raise UserError(f"shape of input {name!r} has a negative dimension: {list(dims)}")
+    return checked
 
 
 def _choose(name: str, value, allowed) -> None:

@@ -1,10 +1,13 @@
 """Input samples for running a model: read from .npz files, or generated to fit its inputs.
 
 Generated inputs respect each input's element type and shape: a dimension with a
-name (``batch``, ``seq``) takes one value shared by every input that names it,
-``shapes`` fixes an input's shape outright, and integer inputs are drawn from a
-range that indexes whatever they index (a token id feeding an embedding Gather
-stays below the vocabulary size; an input named like a mask is all ones).
+name (``batch``, ``seq``) takes one value shared by every input that names it, the
+one the graph implies where it implies one (``input_dims``: a Reshape to a fixed
+shape, a declared value_info), ``shapes`` fixes an input's shape outright, and
+integer inputs are drawn from a range that indexes whatever they index (a token id
+feeding an embedding Gather stays below the vocabulary size; an input named like a
+mask is all ones). ``attempts`` offers other extents in turn for a model that does
+not run on the first.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import os
 import re
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -20,12 +24,16 @@ from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.runtime import input_dims
 
 Sample = dict[str, np.ndarray]
+T = TypeVar("T")
 
 NAMED_DIM = 8
-"""Extent given to a named (symbolic) dimension that no ``shapes`` entry fixes."""
+"""Extent given to a named (symbolic) dimension that neither ``shapes`` nor the graph fixes."""
 UNNAMED_DIM = 1
+FALLBACK_DIMS = (1, 2, 4)
+"""Extents tried in turn for the free dimensions when a model does not run on the defaults."""
 INTEGER_HIGH = 4
 """Integer inputs that index nothing known are drawn from [0, INTEGER_HIGH)."""
 MASK_NAME = re.compile(r"mask", re.IGNORECASE)
@@ -96,19 +104,65 @@ def checked(sample: Mapping[str, np.ndarray], model: onnx.ModelProto, origin: st
 
 def generate(model: onnx.ModelProto, count: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
              seed: int = 0) -> list[Sample]:
-    """``count`` generated samples for the model's inputs (see the module docstring)."""
-    shapes = dict(shapes or {})
+    """``count`` generated samples for the model's inputs: the first, most plausible, of ``attempts``."""
+    return next(attempts(model, shapes, seed, count))[1]
+
+
+def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
+             count: int = 1) -> Iterator[tuple[str, list[Sample]]]:
+    """Candidate sets of ``count`` generated samples, the most plausible first, each with a line
+    saying what extents the dimension names got (``batch=4 (from Reshape 'r1'), seq=8``; empty
+    when the model names none).
+
+    First the extents the graph implies (``input_dims.implied_dims``), NAMED_DIM or UNNAMED_DIM
+    for the others; then the others at each of FALLBACK_DIMS; then, if the graph implied
+    anything, the same without what it implied. ``shapes`` fix inputs outright and bind the
+    names their dimensions have: they always win. Every set is drawn from ``seed``."""
+    shapes = {name: tuple(dims) for name, dims in (shapes or {}).items()}
     inputs = graph_inputs(model)
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:
         raise UserError(f"--shape names {', '.join(unknown)}, not among the model inputs ({', '.join(inputs)})")
+    named = {name: _named_shape(info) for name, info in inputs.items()}
+    defaults = {d: UNNAMED_DIM if d == input_dims.unnamed_dim(name, axis) else NAMED_DIM
+                for name, dims in named.items() for axis, d in enumerate(dims) if isinstance(d, str)}
+    given = {d: input_dims.Pin(extent, f"the given shape of {name!r}")
+             for name, fixed in shapes.items() if len(named[name]) == len(fixed)
+             for d, extent in zip(named[name], fixed) if isinstance(d, str)}
+    implied = input_dims.implied_dims(model, named, given)
+    plans = [(implied, None), *((implied, size) for size in FALLBACK_DIMS)]
+    if implied != given:
+        plans += [(given, None), (given, FALLBACK_DIMS[0])]
     highs = integer_ranges(model)
-    named: dict[str, int] = {}
-    rng = np.random.default_rng(seed)
-    plans = {name: (_shape(info, shapes.get(name), named), _numpy_type(info.type.tensor_type.elem_type))
-             for name, info in inputs.items()}
-    return [{name: _draw(rng, name, shape, dtype, highs.get(name)) for name, (shape, dtype) in plans.items()}
-            for _ in range(count)]
+    dtypes = {name: _numpy_type(info.type.tensor_type.elem_type) for name, info in inputs.items()}
+    tried = set()
+    for pins, size in plans:
+        extents = {d: pins[d].extent if d in pins else size or default for d, default in defaults.items()}
+        plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
+                for name, dims in named.items()}
+        if tuple(plan.items()) in tried:
+            continue
+        tried.add(tuple(plan.items()))
+        rng = np.random.default_rng(seed)
+        description = ", ".join(f"{d}={extent}" + (f" (from {pins[d].origin})" if d in pins else "")
+                                for d, extent in extents.items())
+        yield (description,
+               [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
+                for _ in range(count)])
+
+
+def first_that_runs(candidates: Iterable[tuple[str, list[Sample]]],
+                    run: Callable[[list[Sample]], T]) -> tuple[str, T]:
+    """``run`` on each of ``candidates`` (as ``attempts`` yields them) until it returns:
+    (the description of the set it ran on, what it returned). Raises the first set's error
+    when none runs."""
+    first = None
+    for description, data in candidates:
+        try:
+            return description, run(data)
+        except Exception as exc:  # the next set may run where this one did not
+            first = first or exc
+    raise first
 
 
 def graph_inputs(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -138,21 +192,12 @@ def integer_ranges(model: onnx.ModelProto) -> dict[str, int]:
     return highs
 
 
-def _shape(info: onnx.ValueInfoProto, fixed: Sequence[int] | None, named: dict[str, int]) -> tuple[int, ...]:
-    if fixed is not None:
-        return tuple(fixed)
-    tensor_type = info.type.tensor_type
+def _named_shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
+    """An input's dimensions: fixed extents, names, and ``input[axis]`` for unnamed ones."""
     if not info.type.HasField("tensor_type"):
         raise UserError(f"input {info.name!r} is not a tensor; pass its data with --inputs")
-    shape = []
-    for d in tensor_type.shape.dim:
-        if _fixed(d) is not None:
-            shape.append(d.dim_value)
-        elif d.dim_param:
-            shape.append(named.setdefault(d.dim_param, NAMED_DIM))
-        else:
-            shape.append(UNNAMED_DIM)
-    return tuple(shape)
+    return tuple(_fixed(d) if _fixed(d) is not None else d.dim_param or input_dims.unnamed_dim(info.name, axis)
+                 for axis, d in enumerate(info.type.tensor_type.shape.dim))
 
 
 def _draw(rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: np.dtype, high: int | None):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 import onnx
 from onnx import TensorProto, helper
 
+from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import Value, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.analysis import Analysis
@@ -17,7 +19,9 @@ from amp_rewrite.runtime.isolate import isolated
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
-_SOURCES = {True: "calibration data", False: "generated inputs"}
+_GENERATED = "generated inputs"
+_NAMED = 5
+"""Values named in the warning when none could be measured."""
 
 
 class MeasureRanges:
@@ -31,7 +35,8 @@ class MeasureRanges:
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
-        calibrated = bool(analysis.options.calibrate) or analysis.measured is not None
+        options = analysis.options
+        calibrated = bool(options.calibrate) or analysis.measured is not None
         skip = self._skip_reason(analysis, calibrated)
         if skip:
             analysis.range_check = f"skipped: {skip}"
@@ -40,25 +45,34 @@ class MeasureRanges:
         if not watched:
             analysis.range_check = "skipped: no value could change precision"
             return
+        source = _source(analysis, calibrated)
         measured = analysis.measured
         if measured is None:
             try:
                 measured = _measure(analysis, watched)
-            except Exception as exc:  # a safety net: a model ORT can't run is still converted
-                if calibrated:
-                    raise
-                analysis.range_check = f"skipped: onnxruntime could not run the model ({_first_line(exc)})"
-                analysis.notes.append(f"warning: range check {analysis.range_check}")
+            except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
+                why = f"onnxruntime could not run the model on {source} ({_first_line(exc)})"
+                if source != _GENERATED or options.shapes or options.range_check == "on":
+                    raise UserError(f"range check: {why}") from None
+                self._not_measured(analysis, watched, why)
                 return
-        over = self._judge(analysis, watched, measured, calibrated)
-        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on "
-                                f"{_SOURCES[calibrated]}; "
+        over = self._judge(analysis, watched, measured, calibrated, source)
+        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on {source}; "
                                 f"{over} do not fit {analysis.precision.value}")
 
-    def _judge(self, analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool) -> int:
+    def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
+        names = ", ".join(repr(v.name) for v in watched[:_NAMED])
+        more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
+        analysis.range_check = f"NOT RUN: {why}"
+        analysis.notes.append(
+            f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
+            f"{analysis.precision.value} were not checked for overflow ({names}{more}). Pass inputs the model "
+            f"accepts (--inputs S.npz or --shape NAME:DIMS), or --range-check on to make this an error.")
+
+    def _judge(self, analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool,
+               source: str) -> int:
         options = analysis.options
         limit = analysis.precision.max / options.headroom
-        source = _SOURCES[calibrated]
         over = 0
         for value in watched:
             stats = measured.get(value.key)
@@ -129,17 +143,30 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     """Run in a child process (``isolate``), stage by stage (``stages``)."""
     model = analysis.index.model
     options = analysis.options
-    data = (samples.resolve(options.calibrate, model) if options.calibrate
-            else samples.generate(model, 1, seed=options.seed))
+    given = samples.resolve(options.calibrate or options.inputs, model)
+    candidates = iter([("", given)]) if given else samples.attempts(model, options.shapes, options.seed)
+    first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
     threshold = analysis.precision.smallest_subnormal / 2
     keys = [v.key for v in watched]
 
     def work(progress):
         lifted = instrument.lift_nested(model, keys, threshold)
         top = {name: (graph, name) for graph, name in keys if graph == 0}
-        return stages.measure(lifted.model, top, lifted.stats, data, threshold, analysis.base_dir, progress)
+        return samples.first_that_runs(
+            itertools.chain([first], candidates),
+            lambda data: stages.measure(lifted.model, top, lifted.stats, data, threshold, analysis.base_dir,
+                                        progress))
 
-    return isolated(work, "onnxruntime (range check)")
+    description, measured = isolated(work, "onnxruntime (range check)")
+    if description:
+        analysis.notes.append(f"range check on generated inputs: {description}")
+    return measured
+
+
+def _source(analysis: Analysis, calibrated: bool) -> str:
+    if calibrated:
+        return "calibration data"
+    return "the given inputs" if analysis.options.inputs else _GENERATED
 
 
 def _nbytes(tensor: onnx.TensorProto) -> int:

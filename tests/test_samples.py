@@ -1,0 +1,209 @@
+"""Generated inputs the model accepts: symbolic dimensions take the extents the graph implies,
+other extents are tried when the model does not run, and the user's shapes or samples win."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from amp_rewrite import UserError, convert
+from amp_rewrite.runtime import samples
+from tests.helpers import colors, model, rng, run
+
+BIG = np.full((16, 16), 30.0, np.float32)
+"""Fits float16, but x @ BIG reaches 30 * 16 * |x|: beyond 65504 / 16 for |x| ~ 10, not for |x| ~ 1."""
+HUGE = np.full((16, 16), 3000.0, np.float32)
+"""x @ HUGE overflows float16's range-check limit even on standard normal inputs."""
+TARGET = np.array([1, 4, 16], np.int64)
+"""A Reshape target that only ``batch`` = 4 fits, for an input [batch, 16]."""
+
+
+def _reshaped(weight: np.ndarray = HUGE) -> onnx.ModelProto:
+    return model("""(float[batch,16] x) => (float[1,4,16] y) {
+        [allow1] a = MatMul(x, w)
+        [allow2] b = MatMul(a, w2)
+        [r1] y = Reshape(b, shape)
+    }""", {"w": weight, "w2": rng(1).standard_normal((16, 16)).astype(np.float32), "shape": TARGET})
+
+
+def _dims(m: onnx.ModelProto, shapes=None) -> list[tuple[str, dict]]:
+    return [(text, {k: v.shape for k, v in data[0].items()}) for text, data in samples.attempts(m, shapes)]
+
+
+def test_a_reshape_to_a_fixed_shape_binds_batch_and_the_range_check_runs() -> None:
+    """Rule: batch x 16 reshaped to [1, 4, 16] makes batch 4; on batch 8 (the default) ORT
+    fails and the check was skipped, so the overflowing MatMul went to float16."""
+    m = _reshaped()
+    first, data = next(samples.attempts(m))
+    assert first == "batch=4 (from Reshape 'r1')" and data[0]["x"].shape == (4, 16)
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured")
+    assert "range check on generated inputs: batch=4 (from Reshape 'r1')" in report.notes
+    assert colors(out) == {"allow1": "fp32", "allow2": "fp32", "r1": "fp32"}
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "on generated inputs" in reasons["allow1"] and "beyond 4094" in reasons["allow1"]
+    x = rng(2).standard_normal((4, 16)).astype(np.float32)
+    np.testing.assert_allclose(run(out, x=x)[0], run(m, x=x)[0], rtol=1e-5)
+    unchecked, _ = convert(m, provider=None, range_check="off")
+    assert colors(unchecked)["allow1"] == "low"  # what a skipped check gave
+
+
+def test_a_reshape_inside_an_if_branch_binds_batch() -> None:
+    m = model("""(float[batch,16] x, bool c) => (float[1,4,16] y) {
+        [allow1] a = MatMul(x, w)
+        [if1] y = If(c) <then_branch = g1 () => (float[1,4,16] t) { [allow2] b = MatMul(a, w2)
+                                                                 [r1] t = Reshape(b, shape) },
+                         else_branch = g2 () => (float[1,4,16] e) { [r2] e = Reshape(a, shape) }>
+    }""", {"w": HUGE, "w2": rng(1).standard_normal((16, 16)).astype(np.float32), "shape": TARGET})
+    assert _dims(m)[0] == ("batch=4 (from Reshape 'r1')", {"x": (4, 16), "c": ()})
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured")
+    assert colors(out)["allow1"] == "fp32"
+
+
+def test_a_reshape_inside_a_loop_body_binds_the_dimension_it_reads() -> None:
+    m = model("""(float[n] x, int64 trips, bool cond) => (float[2,3] y) {
+        [loop] y = Loop(trips, cond, s0) <body = body (int64 i, bool c, float[2,3] s)
+                                                 => (bool c_out, float[2,3] s_out) {
+            c_out = Identity(c)
+            r = Reshape(x, shape)
+            s_out = Add(s, r)
+        }>
+    }""", {"s0": np.zeros((2, 3), np.float32), "shape": np.array([2, 3], np.int64)})
+    assert _dims(m)[0][1]["x"] == (6,)
+
+
+def test_a_declared_value_info_binds_a_dimension_inference_leaves_named() -> None:
+    m = model("""(float[batch,16] x) => (float[batch,16] y) { [inf1] h = Relu(x) \n [inf2] y = Relu(h) }""")
+    m.graph.value_info.append(onnx.helper.make_tensor_value_info("h", onnx.TensorProto.FLOAT, [3, 16]))
+    assert _dims(m)[0] == ("batch=3 (from the declared shape of 'h')", {"x": (3, 16)})
+
+
+def test_broadcasts_concat_and_matmul_against_fixed_extents_bind_dimensions() -> None:
+    m = model("""(float[batch,seq] x, float[rows,seq] z) => (float[4,16] y, float[p,q] w) {
+        a = MatMul(x, k)
+        y = Add(a, bias)
+        w = Concat<axis=0>(z, side)
+    }""", {"k": np.ones((16, 16), np.float32), "bias": np.ones((4, 16), np.float32),
+           "side": np.ones((2, 16), np.float32)})
+    text, dims = _dims(m)[0]
+    assert dims == {"x": (4, 16), "z": (8, 16)}  # rows is free: Concat's axis
+    assert text == "batch=4 (from Add 'Add#1'), seq=16 (from MatMul 'MatMul#0'), rows=8"
+
+
+def test_when_the_graph_implies_nothing_other_extents_are_tried_until_the_model_runs() -> None:
+    """batch x seq x 4 reshaped to [64]: two unknowns, so nothing is implied; 8x8, 1x1 and 2x2
+    fail and 4x4 runs."""
+    m = model("""(float[batch,seq,4] x) => (float[64] y) { [allow1] a = MatMul(x, w) \n [r1] y = Reshape(a, shape) }""",
+              {"w": np.full((4, 4), 3000.0, np.float32), "shape": np.array([64], np.int64)})
+    texts = [text for text, _ in samples.attempts(m)]
+    assert texts == ["batch=8, seq=8", "batch=1, seq=1", "batch=2, seq=2", "batch=4, seq=4"]
+    out, report = convert(m, provider=None)
+    assert "range check on generated inputs: batch=4, seq=4" in report.notes
+    assert colors(out)["allow1"] == "fp32"
+
+
+def test_a_model_that_no_set_runs_is_still_converted_with_the_check_skipped() -> None:
+    m = model("""(float[batch,16] x) => (float[2,7,16] y) { [allow1] a = MatMul(x, w)
+                                                            [r1] y = Reshape(a, shape) }""",
+              {"w": HUGE, "shape": np.array([2, 7, 16], np.int64)})
+    assert _dims(m)[0][1] == {"x": (14, 16)}  # implied; then 8 and the fallbacks
+    m.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(np.array([2, 7, 15], np.int64), "shape"))
+    m.graph.output[0].type.tensor_type.ClearField("shape")
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model")
+    assert colors(out)["allow1"] == "low"
+
+
+def test_attempts_are_deterministic_few_and_distinct() -> None:
+    m = _reshaped()
+    first, second = list(samples.attempts(m, seed=3)), list(samples.attempts(m, seed=3))
+    assert [t for t, _ in first] == [t for t, _ in second]
+    assert all(np.array_equal(a[0]["x"], b[0]["x"]) for (_, a), (_, b) in zip(first, second))
+    shapes = [d["x"] for _, d in _dims(m)]
+    assert shapes == [(4, 16), (8, 16), (1, 16)] and len(set(shapes)) == len(shapes)
+    static = model("(float[2,4] x) => (float[2,4] y) { y = Relu(x) }")
+    assert _dims(static) == [("", {"x": (2, 4)})]
+    assert samples.generate(m)[0]["x"].shape == (4, 16)
+
+
+def test_the_users_shapes_win_over_what_the_graph_implies() -> None:
+    m = model("""(float[batch,16] x, float[batch] s) => (float[batch,16] y) { [allow1] a = MatMul(x, w)
+                                                                             [inf1] y = Add(a, bias) }""",
+              {"w": HUGE, "bias": np.ones((4, 16), np.float32)})
+    assert _dims(m)[0][1] == {"x": (4, 16), "s": (4,)}
+    assert _dims(m, {"x": (1, 16)})[0] == ("batch=1 (from the given shape of 'x')", {"x": (1, 16), "s": (1,)})
+    out, report = convert(m, provider=None, shapes={"x": [1, 16]})
+    assert "range check on generated inputs: batch=1 (from the given shape of 'x')" in report.notes
+    assert report.range_check.startswith("measured") and colors(out)["allow1"] == "fp32"
+
+
+def test_given_inputs_are_what_the_range_check_runs_on(tmp_path) -> None:
+    """Rule: x ~ 10 makes x @ BIG overflow; generated x ~ 1 does not."""
+    m = _reshaped(BIG)
+    assert colors(convert(m, provider=None)[0])["allow1"] == "low"
+    large = {"x": np.full((4, 16), 10.0, np.float32)}
+    np.savez(tmp_path / "large.npz", **large)
+    for given in ([large], [tmp_path / "large.npz"]):
+        out, report = convert(m, provider=None, inputs=given)
+        assert colors(out)["allow1"] == "fp32" and report.range_check.startswith("measured")
+        assert "reached 4.8e+03" in next(d.reason for d in report.decisions if d.node == "allow1")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(shapes={"x": "4x16"}), "shapes must map input names to lists of integers"),
+    (dict(shapes={"x": [4, -1]}), "negative dimension"),
+    (dict(shapes={"nope": [4, 16]}), "--shape names nope, not among the model inputs"),
+    (dict(inputs="a.npz"), "inputs must be a list"),
+    (dict(inputs=["missing.npz"]), "data file not found: missing.npz"),
+    (dict(inputs=[{"y": np.ones((4, 16), np.float32)}]), "y not among the model inputs"),
+    (dict(inputs=[{"x": np.ones((4, 15), np.float32)}]), "has shape [4, 15], the model expects [batch, 16]"),
+    (dict(inputs=[{"x": np.ones((4, 16), np.float32)}], calibrate=[{"x": np.ones((4, 16), np.float32)}]),
+     "runs on the calibrate samples"),
+    (dict(shapes={"x": [4, 16]}, range_check="off"), "range_check is off"),
+    (dict(shapes={"x": [4, 16]}, inputs=[{"x": np.ones((4, 16), np.float32)}]), "pass one of them"),
+])
+def test_bad_shapes_and_inputs_raise_user_error(kwargs, message) -> None:
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        convert(_reshaped(), provider=None, **kwargs)
+
+
+def _amp(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amp_rewrite", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+
+def test_cli_convert_takes_shapes_and_inputs(tmp_path) -> None:
+    source, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(_reshaped(BIG), source)
+    np.savez(tmp_path / "large.npz", x=np.full((4, 16), 10.0, np.float32))
+    done = _amp("convert", str(source), "-o", str(out), "--provider", "none", "--inputs", str(tmp_path / "large.npz"))
+    assert done.returncode == 0, done.stderr
+    assert colors(onnx.load(out))["allow1"] == "fp32"
+    done = _amp("convert", str(source), "-o", str(out), "--provider", "none", "--shape", "x:4x16")
+    assert done.returncode == 0 and "batch=4 (from the given shape of 'x')" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "x"], "bad --shape 'x'"),
+    (["--shape", "x:4xa"], "bad --shape 'x:4xa'"),
+    (["--shape", "nope:4x16"], "--shape names nope"),
+    (["--inputs", "missing.npz"], "data file not found"),
+    (["--inputs", "NOT_NPZ"], "not a readable .npz file"),
+    (["--shape", "x:4x16", "--range-check", "off"], "range_check is off"),
+])
+def test_cli_bad_shapes_and_inputs_get_one_line_and_exit_2(args, message, tmp_path) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(_reshaped(), source)
+    (tmp_path / "notes.npz").write_text("not an archive")
+    args = [str(tmp_path / "notes.npz") if a == "NOT_NPZ" else a for a in args]
+    done = _amp("convert", str(source), "-o", str(tmp_path / "out.onnx"), *args)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+    assert not (tmp_path / "out.onnx").exists()
