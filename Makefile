@@ -33,7 +33,7 @@ demo: install
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
-# The random-graph property test of `make test` (tests/test_fuzz.py), with many more examples
+# The random-graph property tests of `make test` (tests/test_fuzz.py), with many more examples
 # from a random seed; hypothesis prints a failing example's model as ONNX text.
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
