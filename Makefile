@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 EXTRAS := $(if $(filter none,$(ORT)),test,$(ORT),test)
 STAMP := $(VENV)/.installed-$(ORT)
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test fuzz bench lint clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# The random-graph property tests of `make test` (tests/test_fuzz.py), with many more examples
+# from a random seed; hypothesis prints a failing example's model as ONNX text.
+FUZZ_EXAMPLES ?= 2000
+fuzz: install
+	AMP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMP_FUZZ_RANDOM=1 $(PY) -m pytest -q tests/test_fuzz.py
 
 lint: install
 	$(PY) -m ruff check amp_rewrite models tests benchmarks

@@ -1,0 +1,66 @@
+"""Invariants of ``convert`` on random graphs (tests/fuzzgraphs.py): it converts without an
+exception to a valid model; the range check runs on every model that ONNX Runtime runs in
+float32; and where it ran, no output element finite in float32 turns NaN/Inf in the
+converted model (run with float16 storage emulated on CPU, as ``check`` does).
+
+The two tests draw the same examples; apart, a failure of one does not end the search for
+failures of the other. ``make test`` runs AMP_FUZZ_EXAMPLES (default 100) derandomized
+examples; ``make fuzz`` runs many more from a random seed (AMP_FUZZ_RANDOM=1).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from hypothesis import HealthCheck, assume, given, settings
+
+from amp_rewrite import Report, convert
+from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime.emulate import emulated
+from tests.fuzzgraphs import Example, examples
+
+EXAMPLES = int(os.environ.get("AMP_FUZZ_EXAMPLES", "100"))
+RANDOM = os.environ.get("AMP_FUZZ_RANDOM", "") not in ("", "0")
+NOTHING_TO_MEASURE = "skipped: no value could change precision"
+"""The range check's report when every node stays float32: it ran and had nothing to watch."""
+
+fuzz_settings = settings(derandomize=not RANDOM, max_examples=EXAMPLES, deadline=None, print_blob=RANDOM,
+                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return instrument.session(model).run(None, feeds)
+
+
+def range_check_ran(report: Report) -> bool:
+    return report.range_check.startswith("measured") or report.range_check == NOTHING_TO_MEASURE
+
+
+@fuzz_settings
+@given(examples())
+def test_random_graph_converts_validly_with_the_range_check(example: Example) -> None:
+    run(example.model, example.feeds)  # the generator's promise: float32 runs on the feeds
+
+    converted, report = convert(example.model)
+
+    onnx.checker.check_model(converted, full_check=True)
+    assert range_check_ran(report), \
+        f"the range check did not run on a model onnxruntime runs in float32: {report.range_check}"
+
+
+@fuzz_settings
+@given(examples())
+def test_random_graph_gains_no_nan_or_inf_where_the_range_check_ran(example: Example) -> None:
+    expected = run(example.model, example.feeds)
+    converted, report = convert(example.model)
+    assume(range_check_ran(report))
+
+    observed = run(emulated(converted), example.feeds)
+
+    for info, want, got in zip(converted.graph.output, expected, observed):
+        assert got.shape == want.shape, f"output {info.name}: shape {got.shape}, float32 gives {want.shape}"
+        new = np.isfinite(want) & ~np.isfinite(got)
+        assert not new.any(), (f"output {info.name}: {int(new.sum())} of {new.size} elements finite in float32 "
+                               f"are NaN/Inf converted (e.g. float32 {want[new].flat[0]:.4g})\n{report.summary()}")
