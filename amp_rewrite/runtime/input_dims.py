@@ -67,8 +67,17 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]],
         return pins
     rules = _Rules(ModelIndex(inferred), names, pins)
     declared = _declared(model, rules.index)
+    _apply(rules, declared)
+    if names - set(pins):  # then guess: a count shared by several names goes to the last of them
+        rules.guessing = True
+        _apply(rules, declared)
+    return pins
+
+
+def _apply(rules: _Rules, declared: list[tuple[ValueKey, tuple]]) -> None:
+    """The rules, in rounds until a round binds nothing new."""
     for _ in range(MAX_ROUNDS):
-        found = len(pins)
+        found = len(rules.pins)
         for node in rules.index.nodes:
             rule = _NODE_RULES.get(node.op_type) or (_broadcast if node.op_type in BROADCASTING else None)
             if rule is not None and node.domain == "":
@@ -77,9 +86,8 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]],
             inferred = rules.shape(key)
             if inferred is not None and len(inferred) == len(dims):
                 rules.agree(zip(inferred, dims), f"the declared shape of {key[1]!r}")
-        if len(pins) == found:
+        if len(rules.pins) == found:
             break
-    return pins
 
 
 class _Rules:
@@ -87,6 +95,8 @@ class _Rules:
 
     def __init__(self, index: ModelIndex, names: set[str], pins: dict[str, Pin]) -> None:
         self.index, self.names, self.pins = index, names, pins
+        self.guessing = False
+        """Whether ``same_count`` may split a count among several names (the others get 1)."""
 
     def shape(self, key: ValueKey | None) -> tuple | None:
         return self.index.values[key].shape if key is not None else None
@@ -136,11 +146,16 @@ class _Rules:
                     named[side][dim] += 1
         common = named[0] & named[1]
         unknown = [(side, name, n) for side in (0, 1) for name, n in (named[side] - common).items()]
-        if len(unknown) != 1 or unknown[0][2] != 1 or 0 in fixed:
+        sides = {side for side, _, _ in unknown}
+        if not unknown or len(sides) != 1 or any(n != 1 for _, _, n in unknown) or 0 in fixed:
             return
-        side, name, _ = unknown[0]
+        if len(unknown) > 1 and not self.guessing:
+            return
+        side = sides.pop()
         if fixed[1 - side] % fixed[side] == 0:
-            self.pin(name, fixed[1 - side] // fixed[side], origin)
+            for _, name, _ in unknown[:-1]:
+                self.pin(name, 1, f"{origin}, guessed")
+            self.pin(unknown[-1][1], fixed[1 - side] // fixed[side], origin)
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
