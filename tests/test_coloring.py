@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from amp_rewrite import ConvertOptions, UserError, analyze, convert
+from amp_rewrite.runtime.emulate import emulated
 from tests.helpers import cast_count, colors, model, rng, run
 
 W = {"w": rng().standard_normal((4, 4)).astype(np.float32), "w2": rng(1).standard_normal((4, 4)).astype(np.float32)}
@@ -232,6 +233,23 @@ def test_range_check_keeps_overflowing_values_fp32_with_the_measured_figure():
     assert "on generated inputs" in reasons["allow1"] and "beyond 4094" in reasons["allow1"]
     assert colors(out) == {"allow1": "fp32", "allow2": "fp32"}
     assert report.range_check.startswith("measured")
+
+
+def test_a_value_that_flushes_to_zero_before_a_log_is_computed_in_float32():
+    """Rule: Softmax probabilities below float16's smallest subnormal become 0 in float16, and
+    Log(0) = -inf; the range check keeps such a value float32 even on generated inputs."""
+    m = model("""(float[1,4] x) => (float[1,4] y) {
+        [allow1] h = MatMul(x, w)
+        [sm1] s = Softmax(h)
+        [log1] y = Log(s)
+    }""", {"w": np.eye(4, dtype=np.float32) * 20})
+    x = np.array([[1.0, -0.5, 0.2, 0.0]], np.float32)
+    out, report = convert(m, inputs=[{"x": x}])
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "flush to zero" in reasons["sm1"] and "Log 'log1'" in reasons["sm1"]
+    assert colors(out)["sm1"] == "fp32"
+    expected = run(m, x=x)[0]
+    assert np.isfinite(expected).all() and np.isfinite(run(emulated(out), x=x)[0]).all()
 
 
 def test_bfloat16_target_uses_bfloat16_types():

@@ -149,6 +149,13 @@ RETYPED_BY_ATTRIBUTE: MappingProxyType[OpKey, str] = MappingProxyType({
     ("", "EyeLike"): "dtype",
 })
 
+# Inputs at which an element flushed to zero turns into inf or NaN (log(0), x/0, 1/0):
+# the range check keeps a value read there in float32 when any of its nonzero elements
+# flushes to zero in the target type, on any data.
+ZERO_SINGULAR_INPUTS: frozenset[tuple[OpKey, int]] = frozenset({
+    (("", "Log"), 0), (("", "Div"), 1), (("", "Reciprocal"), 0),
+})
+
 # Ops that own subgraphs: their own inputs and outputs keep their types, their
 # bodies are colored with the rest of the model.
 CONTROL_FLOW: frozenset[OpKey] = frozenset(_group("", "If", "Loop", "Scan", "SequenceMap"))

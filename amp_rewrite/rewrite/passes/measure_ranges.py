@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import Value, node_key
 from amp_rewrite.ir.precision import Precision
+from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.runtime import instrument, samples, stages
@@ -29,8 +30,10 @@ class MeasureRanges:
     inputs when the range check runs), no candidate produces or reads in low precision
     a value, in any graph, whose measured magnitude exceeds ``precision max / headroom``
     or (calibration data only) of whose nonzero elements more than ``flush_share``
-    flush to zero; such nodes are fixed float32 (SAFETY) with the measured figure as
-    reason. When nothing could be measured, the report says why.
+    flush to zero, or (any data) of whose nonzero elements any flushes to zero where a
+    reader turns zero into inf or NaN (``ZERO_SINGULAR_INPUTS``: log, divisor); such nodes
+    are fixed float32 (SAFETY) with the measured figure as reason. When nothing could be
+    measured, the report says so prominently (``--range-check on``: an error).
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -84,6 +87,9 @@ class MeasureRanges:
             elif calibrated and stats.small_share > options.flush_share:
                 reason = (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
                           f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
+            elif stats.small and (singular := _zero_singular_reader(analysis, value)):
+                reason = (f"value {value.name!r}: {stats.small} nonzero elements on {source} flush to zero in "
+                          f"{analysis.precision.value}, and {singular} turns a zero into inf or NaN")
             else:
                 continue
             over += 1
@@ -161,6 +167,15 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     if description:
         analysis.notes.append(f"range check on generated inputs: {description}")
     return measured
+
+
+def _zero_singular_reader(analysis: Analysis, value: Value) -> str | None:
+    """The first node that reads ``value`` where a zero gives inf or NaN (``ZERO_SINGULAR_INPUTS``)."""
+    for node_id, slot in value.uses:
+        node = analysis.index.nodes[node_id]
+        if (op_key(node.domain, node.op_type), slot) in ZERO_SINGULAR_INPUTS:
+            return f"{node.op_type} {node.label!r}"
+    return None
 
 
 def _source(analysis: Analysis, calibrated: bool) -> str:
