@@ -27,6 +27,7 @@ from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import Suspect, localize
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
+from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.runtime.samples import Sample
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
@@ -98,25 +99,32 @@ class CheckResult:
         return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
 
-class ModelRunner:
-    """One model (float32 reference, or mixed: emulated or native) run on samples, runs counted."""
+@dataclass
+class Runs:
+    """What ``run_model`` brings back: each sample's outputs (exposed values included), and
+    the statistics of the watched values over all samples when a threshold was given."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: str | None, provider: str, emulate: bool = False,
-                 watch: Sequence | None = None, threshold: float = 0.0) -> None:
-        self.model = model
+    results: list[dict[str, np.ndarray]]
+    measured: dict = field(default_factory=dict)
+
+
+def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
+              emulate: bool = False, watch: Sequence = (), threshold: float = 0.0, what: str = "model") -> Runs:
+    """Run ``model`` (emulated: with low-precision storage rounding) on every sample in one
+    session, in a child process (``isolate``): a crash of ONNX Runtime is one clear error."""
+    data = [samples.checked(sample, model) for sample in data]
+
+    def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
-        self.exposed = instrument.expose(runnable, watch or [], threshold)
-        self.outputs = [o.name for o in model.graph.output]
-        self.session = instrument.session(self.exposed.model, base_dir, provider)
-        self.threshold = threshold
-        self.runs = 0
+        exposed = instrument.expose(runnable, watch, threshold)
+        progress(f"creating the {what}'s session on {provider}")
+        session = instrument.session(exposed.model, base_dir, provider)
+        progress(f"running the {what} on {provider}")
+        results = [instrument.run(session, sample) for sample in data]
+        measured = instrument.merge(instrument.measure(exposed, r, threshold) for r in results) if threshold else {}
+        return Runs(results, measured)
 
-    def run(self, sample: Sample) -> dict[str, np.ndarray]:
-        self.runs += 1
-        return instrument.run(self.session, samples.checked(sample, self.model))
-
-    def stats(self, results: Mapping[str, np.ndarray]) -> dict:
-        return instrument.measure(self.exposed, results, self.threshold)
+    return isolated(work, f"onnxruntime ({what})")
 
 
 def check(original, mixed, inputs: Sequence = (), random: int | None = None,
@@ -134,18 +142,18 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
         data += samples.generate(original, random or 1, shapes, seed)
     emulate = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
     watch = instrument.float_values(original, top_level=True) if localize_failures else ()
-    reference = ModelRunner(original, original_dir, provider, watch=watch)
-    candidate = ModelRunner(mixed, mixed_dir, provider, emulate, watch=[(0, name) for _, name in watch])
-    expected = [reference.run(s) for s in data]
-    observed = [candidate.run(s) for s in data]
-    outputs = compare_outputs(expected, observed, candidate.outputs, tolerance or Tolerance(), tolerances or {})
+    expected = run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
+    observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
+                         what="mixed model").results
+    outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output], tolerance or Tolerance(),
+                              tolerances or {})
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
                          outputs)
     if not result.passed and localize_failures:
         worst = next(o.sample for o in outputs if not o.passed)
         result.suspects = localize(mixed, expected[worst], observed[worst])
         result.fix = fix_flags(result.suspects)
-    result.runs = reference.runs + candidate.runs
+    result.runs = 2 * len(data)
     result.seconds = time.perf_counter() - started
     return result
 

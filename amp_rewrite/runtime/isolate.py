@@ -12,6 +12,7 @@ Where ``fork`` is not offered (Windows), the work runs in the calling process.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -65,6 +66,7 @@ def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = D
 
 
 def _child(work: Callable[[Progress], T], sender) -> None:
+    faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
     try:
         result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it

@@ -20,7 +20,7 @@ import onnx
 
 from amp_rewrite.ir import io
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
-from amp_rewrite.numerics.check import DEFAULT_PROVIDER, ModelRunner, OutputCheck, compare_outputs, culprits
+from amp_rewrite.numerics.check import DEFAULT_PROVIDER, OutputCheck, compare_outputs, culprits, run_model
 from amp_rewrite.numerics.localize import localize
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -57,11 +57,11 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         data += samples.resolve(options.calibrate, proto)
     threshold = options.precision.smallest_subnormal / 2
     watched = instrument.float_values(proto)
-    reference = ModelRunner(proto, base_dir, DEFAULT_PROVIDER, watch=watched, threshold=threshold)
-    expected = [reference.run(sample) for sample in data]
-    measured = instrument.merge(reference.stats(r) for r in expected)
+    reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched, threshold=threshold,
+                          what="float32 model")
+    expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]
-    validation = Validation(False, 0, reference.runs, 1)
+    validation = Validation(False, 0, len(data), 1)
     kept: dict[str, str] = {}
     while True:
         validation.rounds += 1
@@ -71,12 +71,12 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         analysis, stats = rewrite(mixed, round_options, base_dir, measured)
         with tempfile.TemporaryDirectory(prefix="amp-rewrite-") as scratch:
             runnable, runnable_dir = _runnable(mixed, base_dir, scratch)
-            candidate = ModelRunner(runnable, runnable_dir, DEFAULT_PROVIDER, emulate=True, watch=top)
-            observed = [candidate.run(sample) for sample in data]
-        validation.runs += candidate.runs
+            observed = run_model(runnable, runnable_dir, DEFAULT_PROVIDER, data, emulate=True, watch=top,
+                                 what="mixed model").results
+        validation.runs += len(data)
         validation.sessions += 1
-        validation.outputs = compare_outputs(expected, observed, candidate.outputs, options.tolerance,
-                                             options.tolerances)
+        validation.outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output],
+                                             options.tolerance, options.tolerances)
         validation.passed = all(o.passed for o in validation.outputs)
         if validation.passed or validation.rounds >= options.max_rounds:
             break

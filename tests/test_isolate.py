@@ -1,0 +1,73 @@
+"""ONNX Runtime runs in a child process: a crash or a hang there is one clear error, never the
+end of ``convert`` or ``check``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from amp_rewrite import UserError, convert
+from amp_rewrite.runtime import instrument, stages
+from amp_rewrite.runtime.isolate import NativeFailure, isolated
+from tests.helpers import model
+
+
+def _segfault(progress):
+    progress("doing something fragile")
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_crash_in_the_child_is_one_error_naming_the_signal_and_the_step() -> None:
+    with pytest.raises(NativeFailure, match=r"^demo crashed \(signal SIGSEGV\) while doing something fragile$"):
+        isolated(_segfault, "demo")
+
+
+def test_a_hang_is_stopped_after_the_timeout() -> None:
+    started = time.perf_counter()
+    with pytest.raises(NativeFailure, match="did not finish within 0.5 s"):
+        isolated(lambda progress: time.sleep(30), "demo", timeout=0.5)
+    assert time.perf_counter() - started < 10
+
+
+def test_results_and_exceptions_come_back_as_they_are() -> None:
+    assert isolated(lambda progress: {"a": np.arange(3)}, "demo")["a"].tolist() == [0, 1, 2]
+    with pytest.raises(UserError, match="bad input"):
+        isolated(lambda progress: (_ for _ in ()).throw(UserError("bad input")), "demo")
+
+
+def test_onnxruntime_crashing_on_a_float16_transpose_matmul_leaves_the_caller_alive() -> None:
+    """ORT 1.31.1's CPU provider segfaults creating an optimized session for this model."""
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]), helper.make_node("MatMul", ["t", "w"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)],
+        [onnx.numpy_helper.from_array(np.ones((4, 5), np.float16), "w")])
+    fragile = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    def work(progress):
+        progress("creating the session")
+        return instrument.run(instrument.session(fragile, optimize=True), {"x": np.ones((2, 3, 4), np.float16)})
+
+    try:
+        assert isolated(work, "onnxruntime")["y"].shape == (3, 2, 5)  # a fixed onnxruntime
+    except NativeFailure as failure:
+        assert "crashed (signal SIGSEGV) while creating the session" in str(failure)
+
+
+def test_convert_survives_a_range_check_that_crashes(monkeypatch) -> None:
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",
+              {"w": np.full((4, 4), 3000.0, np.float32)})
+    monkeypatch.setattr(stages, "measure", lambda *args: _segfault(lambda text: None))
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model on generated inputs")
+    assert "crashed (signal SIGSEGV)" in report.range_check
+    assert any(n.startswith("warning: NO RANGE WAS MEASURED") and "'y'" in n for n in report.notes)
+    onnx.checker.check_model(out, full_check=True)
+    with pytest.raises(UserError, match="range check: onnxruntime could not run the model"):
+        convert(m, provider=None, range_check="on")
