@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 
 from amp_rewrite import UserError, convert
@@ -208,3 +209,23 @@ def test_cli_bad_shapes_and_inputs_get_one_line_and_exit_2(args, message, tmp_pa
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_a_loop_carried_value_keeps_its_initial_shape_for_the_reshape_after_the_loop() -> None:
+    """Inference gives a Loop's carried output no shape (it may change between iterations);
+    taking its initial value's shape lets the Reshape after the loop bind the dims (found by fuzzing)."""
+    m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch,seq] x) => (float[2] y) {
+       trips = Constant <value: tensor = int64 trips {1}> ()
+       go = Constant <value: tensor = bool go {1}> ()
+       looped = Loop (trips, go, x) <body: graph = body (int64 i, bool c, float[batch,seq] carried)
+                                                      => (bool c_out, float[batch,seq] r) {
+          r = Relu (carried)
+          c_out = Identity (c)
+       }>
+       shape = Constant <value: tensor = int64[1] shape {2}> ()
+       y = Reshape (looped, shape)
+    }''')
+    first = next(iter(samples.attempts(m)))
+    assert first[1][0]["x"].size == 2
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

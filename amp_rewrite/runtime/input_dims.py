@@ -99,7 +99,17 @@ class _Rules:
         """Whether ``same_count`` may split a count among several names (the others get 1)."""
 
     def shape(self, key: ValueKey | None) -> tuple | None:
-        return self.index.values[key].shape if key is not None else None
+        """The inferred shape; for a Loop's carried value that inference left without one (its
+        shape could change between iterations), the shape of its initial value."""
+        if key is None:
+            return None
+        value = self.index.values[key]
+        producer = self.index.producer_node(value)
+        if value.shape is None and producer is not None and producer.op_type == "Loop" and producer.domain == "":
+            carried = value.producer[1] + 2
+            if carried < len(producer.inputs):
+                return self.shape(producer.inputs[carried])
+        return value.shape
 
     def constant(self, key: ValueKey | None) -> np.ndarray | None:
         """The value of a constant int tensor (a small initializer or a Constant node's), or None."""
