@@ -1,11 +1,14 @@
-"""ChooseMinCasts is optimal: checked against brute force on small random graphs."""
+"""The minimum cut agrees with networkx's on random networks, and ChooseMinCasts is optimal:
+checked against brute force on small random graphs."""
 
 from __future__ import annotations
 
 import itertools
 
+import networkx as nx
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -15,8 +18,62 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.min_cut import INFINITE, min_cut
 from amp_rewrite.rewrite.passes import ANALYSIS, ChooseMinCasts
 from amp_rewrite.rewrite.passes.choose_min_casts import cast_bytes
+
+CAPACITIES = st.one_of(st.integers(0, 20), st.integers(2**40, 2**70), st.just(INFINITE))
+"""Small ones for ties and zero edges, byte counts beyond 32 (and 64) bits, and infinite edges."""
+
+
+@st.composite
+def networks(draw) -> tuple[int, list]:
+    """Up to ten nodes (0 the source, 1 the sink) and up to thirty edges, parallel ones and loops included."""
+    size = draw(st.integers(2, 10))
+    nodes = st.integers(0, size - 1)
+    edges = draw(st.lists(st.tuples(nodes, nodes, CAPACITIES), max_size=30))
+    return size, edges
+
+
+def _networkx_graph(size: int, edges: list) -> nx.DiGraph:
+    """The network for networkx, which keeps one edge per pair: parallel capacities added up."""
+    total: dict[tuple[int, int], int | None] = {}
+    for tail, head, capacity in edges:
+        old = total.get((tail, head), 0)
+        total[tail, head] = None if capacity is None or old is None else old + capacity
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(size))
+    graph.add_edges_from((t, h, {} if c is None else {"capacity": c}) for (t, h), c in total.items())
+    return graph
+
+
+@settings(max_examples=400, deadline=None)
+@given(networks())
+def test_min_cut_is_networkx_cut(network: tuple[int, list]) -> None:
+    """Same value and same source side: the nodes that do not reach the sink in the residual graph."""
+    size, edges = network
+    try:
+        expected, (source_side, _) = nx.minimum_cut(_networkx_graph(size, edges), 0, 1)
+    except nx.NetworkXUnbounded:
+        with pytest.raises(ValueError, match="infinite edge"):
+            min_cut(size, edges, 0, 1)
+        return
+    value, side = min_cut(size, edges, 0, 1)
+    assert value == expected
+    assert {n for n in range(size) if side[n]} == source_side
+    assert value == sum(c for t, h, c in edges if side[t] and not side[h])  # the flow fills the cut
+
+
+def test_min_cut_of_a_comb_is_the_largest_source_side() -> None:
+    """A chain into the sink, fed from the source at every link: every minimum cut cuts the
+    sink's edge, and the source side returned is the largest one (the whole chain)."""
+    n = 200
+    edges = [(0, 2, 2**45), *((i, i + 1, 2**50) for i in range(2, n)), (n, 1, 2**45 - 1)]
+    edges += [(0, i, 1) for i in range(3, n + 1)]
+    value, side = min_cut(n + 1, edges, 0, 1)
+    assert value == 2**45 - 1
+    assert side == [True, False, *[True] * (n - 1)]
+
 
 OPS = ["MatMul", "Relu", "Add", "Transpose", "Exp", "Concat", "ReduceMax", "Tanh"]
 
