@@ -21,9 +21,9 @@ Term = int | Color | str
 class ChooseMinCasts:
     """Invariant: every free node is colored so that, with all fixed colors given, the
     bytes moved through casts (one cast per value and target type) are minimal; among
-    minimal colorings the one with the fewest float32 nodes wins. Free nodes that no fixed
-    float32 end reaches through other free nodes go low at no cost; each other connected
-    group is solved as a minimum cut between the float32 and the low side.
+    minimal colorings the one with the fewest float32 nodes wins. A connected group of free
+    nodes with no fixed float32 end goes low, which costs nothing; each other group is a
+    minimum cut between the low and the float32 side, with the largest low side of all.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -123,8 +123,9 @@ def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[in
 def _float32_nodes(sizes: ValueSizes, nodes: list[int], terms: list[tuple]) -> set[int]:
     """The nodes of one group of free nodes that go float32, from its values' (value, producer,
     readers) terms. A cut between the low and the float32 side crosses, for each value, its
-    cast's bytes when the cast is needed; the low side is the largest of all minimum cuts, so
-    among the colorings with the fewest cast bytes this is the one with the fewest float32 nodes."""
+    cast's bytes when the cast is needed. The low side is the largest of all minimum cuts: it
+    holds every other one's, so among the colorings with the fewest cast bytes this one has the
+    fewest float32 nodes."""
     number: dict[Term, int] = {Color.LOW: 0, Color.FP32: 1}
     number.update(zip(nodes, range(2, len(nodes) + 2)))
     size = len(number)
