@@ -121,7 +121,11 @@ class _Network:
                             level[above].clear()
                         highest, h = h - 1, size
                         break
-                    h = min((height[heads[e]] for e in edges if residual[e]), default=size) + 1
+                    h = size  # one above the lowest head of an edge with room left
+                    for edge in edges:
+                        if residual[edge] and height[heads[edge]] < h:
+                            h = height[heads[edge]]
+                    h += 1
                     if h >= size:
                         break
                     level[h].add(node)
