@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import onnx
 from onnx import AttributeProto
 
-from amp_rewrite.ir.graph import ModelIndex, Value, ValueKey, set_type
+from amp_rewrite.ir.graph import ModelIndex, Value, set_type, subgraphs
 
 SYMBOLIC_DIM = 64
 """Assumed extent of a dimension with no known value (a batch or sequence length)."""
@@ -23,7 +23,7 @@ class ValueSizes:
 
     def __init__(self, index: ModelIndex) -> None:
         self.index = index
-        self._inferred: dict[ValueKey, onnx.ValueInfoProto] | None = None
+        self._inferred: dict[int, dict[str, onnx.ValueInfoProto]] | None = None
 
     def elements(self, value: Value) -> int:
         if value.shape is None:
@@ -42,26 +42,26 @@ class ValueSizes:
     def _read_inferred(self, value: Value) -> None:
         if self._inferred is None:
             self._inferred = self._infer()
-        info = self._inferred.get(value.key)
+        graph_id, name = value.key
+        info = self._inferred.get(graph_id, {}).get(name)
         if info is not None:
             elem_type = value.elem_type
             set_type(value, info.type)
             value.elem_type = elem_type or value.elem_type
 
-    def _infer(self) -> dict[ValueKey, onnx.ValueInfoProto]:
-        """Inferred value infos by value key (read lazily: most values never need one)."""
+    def _infer(self) -> dict[int, dict[str, onnx.ValueInfoProto]]:
+        """Inferred value infos by graph id and name (read lazily: most values never need one)."""
         light = _without_weights(self.index.model)
         try:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
             return {}
-        found = {}
-        for graph, proto in zip(self.index.graphs, iter_graphs(inferred.graph)):
-            for info in (*proto.value_info, *proto.output):
-                key = graph.scope.get(info.name)
-                if key is not None:
-                    found[key] = info
-        return found
+        graphs = {0: inferred.graph}
+        for owner, graph_ids in self.index.subgraphs.items():  # owners in the order their graphs were numbered
+            node = self.index.nodes[owner]
+            graphs.update(zip(graph_ids, subgraphs(graphs[node.graph].node[node.position])))
+        return {graph_id: {info.name: info for info in (*proto.value_info, *proto.output)}
+                for graph_id, proto in graphs.items()}
 
 
 def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:

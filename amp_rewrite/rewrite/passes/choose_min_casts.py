@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from amp_rewrite.ir.graph import Value, ValueKey
 from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.rewrite.analysis import OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.min_cut import INFINITE, Edge, min_cut
 
 CAST_BYTES_PER_ELEMENT = 6
 """A cast between float32 and a 16-bit type reads one and writes the other."""
@@ -20,8 +21,9 @@ Term = int | Color | str
 class ChooseMinCasts:
     """Invariant: every free node is colored so that, with all fixed colors given, the
     bytes moved through casts (one cast per value and target type) are minimal; among
-    minimal colorings the one with the fewest float32 nodes wins. Solved as a minimum
-    s-t cut per connected group of free nodes.
+    minimal colorings the one with the fewest float32 nodes wins. A connected group of free
+    nodes with no fixed float32 end goes low, which costs nothing; each other group is a
+    minimum cut between the low and the float32 side, with the largest low side of all.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -29,26 +31,29 @@ class ChooseMinCasts:
         if not free:
             return
         sizes = ValueSizes(analysis.index)
-        for nodes, terms in _components(analysis, free):
-            colors = _solve(sizes, nodes, terms)
-            for node_id in nodes:
-                op_class = analysis.coloring.decisions[node_id].op_class
-                where = analysis.precision.value if colors[node_id] is Color.LOW else "float32"
-                analysis.coloring.choose(node_id, colors[node_id],
-                                         f"{op_class}: follows its neighbours into {where} (fewest cast bytes)")
+        float32: set[int] = set()
+        for nodes, terms in _pulled_groups(analysis, free):
+            float32 |= _float32_nodes(sizes, nodes, terms)
+        low = analysis.precision.value
+        for node_id in free:
+            decision = analysis.coloring.decisions[node_id]
+            color = Color.FP32 if node_id in float32 else Color.LOW
+            where = "float32" if node_id in float32 else low
+            analysis.coloring.choose(node_id, color,
+                                     f"{decision.op_class}: follows its neighbours into {where} (fewest cast bytes)")
 
 
 def value_terms(analysis: Analysis, value: Value, free: set[int]) -> tuple[Term, list[Term]]:
     """The producer and the readers of a float32 value, each a free node or a fixed color."""
+    slots = analysis.slots
     producer: Term
-    if value.producer and value.producer[0] in free and value.producer[1] in analysis.slots[value.producer[0]].outputs:
+    if value.producer and value.producer[0] in free and value.producer[1] in slots[value.producer[0]].outputs:
         producer = value.producer[0]
     else:
         producer = analysis.producer_color(value)
-    readers: list[Term] = [
-        n if n in free and i in analysis.slots[n].inputs else analysis.use_color(n, i) for n, i in value.uses
-    ]
-    readers.extend(analysis.output_color(g) for g in value.output_of)
+    readers: list[Term] = [n if n in free and i in slots[n].inputs else analysis.use_color(n, i) for n, i in value.uses]
+    if value.output_of:
+        readers += [analysis.output_color(g) for g in value.output_of]
     return producer, readers
 
 
@@ -66,7 +71,18 @@ def cast_bytes(analysis: Analysis, sizes: ValueSizes, values: list[Value], color
     return total
 
 
-def _components(analysis: Analysis, free: set[int]):
+def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[int], list[tuple]]]:
+    """The connected groups of free nodes that some fixed float32 end pulls on, each with its
+    values' (value, producer, readers) terms. Constants tie nothing together: they are
+    converted ahead of time."""
+    index, slots = analysis.index, analysis.slots
+    keys: dict[ValueKey, None] = {}
+    for node_id in free:
+        node, slot = index.nodes[node_id], slots[node_id]
+        for i in slot.inputs:
+            keys[node.inputs[i]] = None
+        for i in slot.outputs:
+            keys[node.outputs[i]] = None
     parent = {n: n for n in free}
 
     def find(n: int) -> int:
@@ -75,67 +91,60 @@ def _components(analysis: Analysis, free: set[int]):
             n = parent[n]
         return n
 
-    values: dict[ValueKey, Value] = {}
-    for node_id in free:
-        for _, _, value in analysis.slot_values(node_id):
-            values[value.key] = value
-    terms: dict[ValueKey, tuple] = {}
-    for key, value in values.items():
+    terms: list[tuple[int, tuple]] = []  # (a free end, the term)
+    pulled: list[int] = []
+    for key in keys:
+        value = index.values[key]
         producer, readers = value_terms(analysis, value, free)
         if producer == OFFLINE:
-            continue  # constants are converted ahead of time: they tie nothing together
+            continue
         ends = [t for t in (producer, *readers) if isinstance(t, int)]
-        terms[key] = (value, producer, readers, ends[0])
-        for other in ends[1:]:
-            parent[find(other)] = find(ends[0])
+        if len(ends) > 1:
+            root = find(ends[0])
+            for other in ends[1:]:
+                parent[find(other)] = root
+        terms.append((ends[0], (value, producer, readers)))
+        if producer is Color.FP32 or Color.FP32 in readers:
+            pulled.append(ends[0])
+    root_of = {n: find(n) for n in free}
+    roots = {root_of[n] for n in pulled}
     nodes_of: dict[int, list[int]] = defaultdict(list)
     terms_of: dict[int, list[tuple]] = defaultdict(list)
-    for n in free:
-        nodes_of[find(n)].append(n)
-    for value, producer, readers, end in terms.values():
-        terms_of[find(end)].append((value, producer, readers))
+    for n, root in root_of.items():
+        if root in roots:
+            nodes_of[root].append(n)
+    for end, term in terms:
+        if (root := root_of[end]) in roots:
+            terms_of[root].append(term)
     for root, nodes in nodes_of.items():
-        yield sorted(nodes), terms_of[root]
+        yield nodes, terms_of[root]
 
 
-def _solve(sizes: ValueSizes, nodes: list[int], terms: list[tuple]) -> dict[int, Color]:
-    """Colors for one group of free nodes, from its values' (value, producer, readers) terms."""
-    if not any(Color.FP32 in (producer, *readers) for _, producer, readers in terms):
-        return dict.fromkeys(nodes, Color.LOW)  # nothing pulls towards float32: all low costs nothing
-    scale = len(nodes) + 1  # bytes dominate; one unit per float32 node breaks ties
-    capacities: dict[tuple, int | None] = {}  # None: infinite
-
-    def edge(tail, head, capacity: int | None) -> None:
-        if tail == head or tail == "T" or head == "S":
-            return  # edges out of the sink or into the source never carry flow
-        old = capacities.get((tail, head), 0)
-        capacities[(tail, head)] = None if capacity is None or old is None else old + capacity
-
-    terminal = {Color.LOW: "S", Color.FP32: "T"}
+def _float32_nodes(sizes: ValueSizes, nodes: list[int], terms: list[tuple]) -> set[int]:
+    """The nodes of one group of free nodes that go float32, from its values' (value, producer,
+    readers) terms. A cut between the low and the float32 side crosses, for each value, its
+    cast's bytes when the cast is needed. The low side is the largest of all minimum cuts: it
+    holds every other one's, so among the colorings with the fewest cast bytes this one has the
+    fewest float32 nodes."""
+    number: dict[Term, int] = {Color.LOW: 0, Color.FP32: 1}
+    number.update(zip(nodes, range(2, len(nodes) + 2)))
+    size = len(number)
+    edges: list[Edge] = []  # (tail, head, bytes): paid when the tail is low and the head float32
     for value, producer, readers in terms:
-        source = terminal.get(producer, producer)
-        ends = {terminal.get(r, r) for r in readers} - {source}
-        if not ends or (isinstance(source, str) and all(isinstance(e, str) for e in ends)):
-            continue
-        cost = CAST_BYTES_PER_ELEMENT * sizes.elements(value) * scale
+        source = number[producer]
+        ends = {number[r] for r in readers}
+        ends.discard(source)
+        if not ends or (source < 2 and all(end < 2 for end in ends)):
+            continue  # no cast, or one that no choice avoids
+        cost = CAST_BYTES_PER_ELEMENT * sizes.elements(value)
         if len(ends) == 1:  # one reader side: a plain pairwise cost
             (end,) = ends
-            edge(source, end, cost)
-            edge(end, source, cost)
+            edges += ((source, end, cost), (end, source, cost))
             continue
-        down, up = ("down", value.key), ("up", value.key)  # one cast serves every reader
-        edge(source, down, cost)
-        edge(up, source, cost)
+        down, up = size, size + 1  # one cast serves every reader: down is float32 if any reader is,
+        size += 2  # up is low if any reader is
+        edges += ((source, down, cost), (up, source, cost))
         for end in ends:
-            edge(down, end, None)
-            edge(end, up, None)
-    for node_id in nodes:
-        edge("S", node_id, 1)
-    import networkx as nx  # imported here: most models never need a flow, and the import costs 80 ms
-    from networkx.algorithms.flow import boykov_kolmogorov
-
-    graph = nx.DiGraph()
-    graph.add_nodes_from(("S", "T"))
-    graph.add_edges_from((u, v, {} if c is None else {"capacity": c}) for (u, v), c in capacities.items())
-    _, (low_side, _) = nx.minimum_cut(graph, "S", "T", flow_func=boykov_kolmogorov)
-    return {n: Color.LOW if n in low_side else Color.FP32 for n in nodes}
+            edges += ((down, end, INFINITE), (end, up, INFINITE))
+    _, low_side = min_cut(size, edges, number[Color.LOW], number[Color.FP32])
+    return {n for n in nodes if not low_side[number[n]]}
