@@ -109,15 +109,18 @@ def generate(model: onnx.ModelProto, count: int = 1, shapes: Mapping[str, Sequen
 
 
 def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-             count: int = 1) -> Iterator[tuple[str, list[Sample]]]:
+             count: int = 1, implied_first: bool = True) -> Iterator[tuple[str, list[Sample]]]:
     """Candidate sets of ``count`` generated samples, the most plausible first, each with a line
     saying what extents the dimension names got (``batch=4 (from Reshape 'r1'), seq=8``; empty
     when the model names none).
 
     First the extents the graph implies (``input_dims.implied_dims``), NAMED_DIM or UNNAMED_DIM
     for the others; then the others at each of FALLBACK_DIMS; then, if the graph implied
-    anything, the same without what it implied. ``shapes`` fix inputs outright and bind the
-    names their dimensions have: they always win. Every set is drawn from ``seed``."""
+    anything, the same without what it implied. ``implied_first=False`` puts the plain
+    defaults first and infers what the graph implies only when they are rejected: for a
+    caller that retries, the inference (a shape inference of the whole model) is paid only
+    by the models that need it. ``shapes`` fix inputs outright and bind the names their
+    dimensions have: they always win. Every set is drawn from ``seed``."""
     shapes = {name: tuple(dims) for name, dims in (shapes or {}).items()}
     inputs = graph_inputs(model)
     unknown = sorted(set(shapes) - set(inputs))
@@ -129,14 +132,20 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     given = {d: input_dims.Pin(extent, f"the given shape of {name!r}")
              for name, fixed in shapes.items() if len(named[name]) == len(fixed)
              for d, extent in zip(named[name], fixed) if isinstance(d, str)}
-    implied = input_dims.implied_dims(model, named, given)
-    plans = [(implied, None), *((implied, size) for size in FALLBACK_DIMS)]
-    if implied != given:
-        plans += [(given, None), (given, FALLBACK_DIMS[0])]
-    highs = integer_ranges(model)
+
+    def plans() -> Iterator[tuple[dict, int | None]]:
+        if not implied_first:
+            yield given, None
+        implied = input_dims.implied_dims(model, named, given)
+        yield implied, None
+        yield from ((implied, size) for size in FALLBACK_DIMS)
+        if implied != given:
+            yield from ((given, None), (given, FALLBACK_DIMS[0]))
+
     dtypes = {name: _numpy_type(info.type.tensor_type.elem_type) for name, info in inputs.items()}
+    highs = integer_ranges(model) if any(t.kind in "iu" for t in dtypes.values()) else {}
     tried = set()
-    for pins, size in plans:
+    for pins, size in plans():
         extents = {d: pins[d].extent if d in pins else size or default for d, default in defaults.items()}
         plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
                 for name, dims in named.items()}

@@ -150,7 +150,8 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     model = analysis.index.model
     options = analysis.options
     given = samples.resolve(options.calibrate or options.inputs, model)
-    candidates = iter([("", given)]) if given else samples.attempts(model, options.shapes, options.seed)
+    candidates = (iter([("", given)]) if given
+                  else samples.attempts(model, options.shapes, options.seed, implied_first=False))
     first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
     threshold = analysis.precision.smallest_subnormal / 2
     keys = [v.key for v in watched]
