@@ -11,6 +11,7 @@ left in low precision. Results go to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -28,6 +29,10 @@ from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 
 WORK = ROOT / "benchmarks" / "work"
+NODES: dict[str, int] = {}
+"""Node count of each benchmark model, by its label."""
+MEMORY_SLACK = 200 * 2**20
+"""The memory target: peak at most 1.5x the model's size plus this."""
 NODES_PER_BLOCK = 35
 BINDINGS = {"batch": 1, "seq": 128}
 AMP = [sys.executable, "-m", "amp_rewrite", "convert", "--quiet"]
@@ -48,6 +53,8 @@ class Run:
     casts: int | None = None
     low_flop_share: float | None = None
     error: str = ""
+    stages: dict[str, float] | None = None
+    """amp-rewrite's own breakdown (load, analysis, range check, rewrite, save), from its report."""
 
 
 def measure(command: list[str], timeout: float) -> Run:
@@ -115,6 +122,7 @@ def build_models(sizes: list[int]) -> list[tuple[str, Path, int]]:
                 onnx.save(builders.transformer(blocks=blocks, width=32, **kwargs), path)
             nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
             models.append((f"{nodes} nodes, {variant}", path, path.stat().st_size))
+            NODES[models[-1][0]] = nodes
     return models
 
 
@@ -141,11 +149,14 @@ def main() -> None:
     for label, path, size in models:
         for tool, command in TOOLS.items():
             output = WORK / f"out_{path.stem}_{tool.split()[0]}_{len(rows)}.onnx"
-            run = measure([*command, str(path), *(["-o"] if tool.startswith("amp") else []), str(output)],
-                          args.timeout)
+            report = WORK / f"report_{len(rows)}.json"
+            ours = ["-o", str(output), "--report", str(report)] if tool.startswith("amp") else [str(output)]
+            run = measure([*command, str(path), *ours], args.timeout)
             if run.ok:
                 analyse_output(path, output, run)
-            for leftover in (output, Path(str(output) + ".data")):
+                if report.exists():
+                    run.stages = json.loads(report.read_text()).get("stages")
+            for leftover in (output, Path(str(output) + ".data"), report):
                 leftover.unlink(missing_ok=True)
             rows.append((label, size, tool, run))
             print(f"{label:34} {tool:30} {run.seconds:8.2f} s {run.peak_bytes / 2**20:8.0f} MiB "
@@ -171,17 +182,34 @@ def write_results(rows) -> None:
         head.append(f"| {label} | {tool} | {run.seconds:.2f} | {run.peak_bytes / 2**20:.0f} | "
                     f"{run.peak_bytes / size:.2f} | {'' if run.casts is None else run.casts} | {share} | "
                     f"{run.error} |")
-    ratios = ["| model | amp-rewrite | no range check |", "|---|---:|---:|"]
+    ratios = ["Speed: the faster peer's seconds over amp-rewrite's (above 1: amp-rewrite is faster); "
+              "seconds per 1k nodes for linearity; memory: peak over the target 1.5x model size + 200 MB "
+              "(at most 1 meets it).", "",
+              "| model | amp-rewrite | no range check | s / 1k nodes | s / 1k nodes, no check | "
+              "memory / target | memory / target, no check |", "|---|---:|---:|---:|---:|---:|---:|"]
+    breakdown = ["Seconds by stage, from amp-rewrite's report (`stages`); the rest of the wall time is "
+                 "Python's start-up and imports.", "",
+                 "| model | tool | load | analysis | range check | rewrite | save | wall |",
+                 "|---|---|---:|---:|---:|---:|---:|---:|"]
     by_model: dict[str, dict[str, Run]] = {}
-    for label, _, tool, run in rows:
+    sizes: dict[str, int] = {}
+    for label, size, tool, run in rows:
         by_model.setdefault(label, {})[tool] = run
+        sizes[label] = size
+        if run.stages:
+            cells = " | ".join(f"{run.stages.get(k, 0.0):.2f}" for k in ("load", "analysis", "range check",
+                                                                          "rewrite", "save"))
+            breakdown.append(f"| {label} | {tool} | {cells} | {run.seconds:.2f} |")
     for label, runs in by_model.items():
         peers = [r.seconds for t, r in runs.items() if not t.startswith("amp") and r.ok]
-        if peers:
-            best = min(peers)
-            ratios.append(f"| {label} | {best / runs['amp-rewrite'].seconds:.2f}x | "
-                          f"{best / runs['amp-rewrite (no range check)'].seconds:.2f}x |")
-    results.write(head, {"Speed ratios (faster peer / amp-rewrite)": ratios})
+        on, off = runs["amp-rewrite"], runs["amp-rewrite (no range check)"]
+        target = 1.5 * sizes[label] + MEMORY_SLACK
+        per_k = [f"{r.seconds / NODES[label] * 1000:.3f}" if label in NODES else "" for r in (on, off)]
+        ratios.append(f"| {label} | {min(peers) / on.seconds:.2f}x | {min(peers) / off.seconds:.2f}x | "
+                      f"{per_k[0]} | {per_k[1]} | {on.peak_bytes / target:.2f} | {off.peak_bytes / target:.2f} |"
+                      if peers else f"| {label} | | | {per_k[0]} | {per_k[1]} | {on.peak_bytes / target:.2f} | "
+                      f"{off.peak_bytes / target:.2f} |")
+    results.write(head, {"Speed ratios (faster peer / amp-rewrite)": ratios, "Stage breakdown": breakdown})
     print("wrote benchmarks/RESULTS.md")
 
 if __name__ == "__main__":

@@ -156,6 +156,11 @@ ZERO_SINGULAR_INPUTS: frozenset[tuple[OpKey, int]] = frozenset({
     (("", "Log"), 0), (("", "Div"), 1), (("", "Reciprocal"), 0),
 })
 
+# Ops whose output holds exactly the elements of their first input, reordered or
+# reshaped: a range measured on one holds for the other, so the range check measures one.
+SAME_ELEMENTS: frozenset[OpKey] = frozenset(
+    _group("", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"))
+
 # Ops that own subgraphs: their own inputs and outputs keep their types, their
 # bodies are colored with the rest of the model.
 CONTROL_FLOW: frozenset[OpKey] = frozenset(_group("", "If", "Loop", "Scan", "SequenceMap"))

@@ -46,10 +46,12 @@ class ValueStats:
         """Over the finite elements: a -inf mask value overflows nothing."""
         magnitude = np.abs(np.asarray(array, dtype=np.float32)).ravel()
         peak = float(magnitude.max()) if magnitude.size else 0.0
-        if np.isfinite(peak):  # the common case: no inf or NaN, one pass for the peak
+        if peak < np.inf:  # the common case: no inf or NaN (a NaN peak compares false too)
             nonzero = int(np.count_nonzero(magnitude))
-            small = int(np.count_nonzero((magnitude > 0) & (magnitude < threshold))) if threshold > 0 else 0
-            return cls(peak, nonzero, small)
+            if threshold <= 0:
+                return cls(peak, nonzero, 0)
+            zeros = magnitude.size - nonzero
+            return cls(peak, nonzero, int(np.count_nonzero(magnitude < threshold)) - zeros)
         finite = magnitude[np.isfinite(magnitude)]
         peak = float(finite.max()) if finite.size else (float("inf") if magnitude.size else 0.0)
         nonzero = finite[finite > 0]

@@ -10,9 +10,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import Value, node_key
+from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
-from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
+from amp_rewrite.policy.oplists import SAME_ELEMENTS, ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.runtime import instrument, samples, stages
@@ -154,7 +154,8 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
                   else samples.attempts(model, options.shapes, options.seed, implied_first=False))
     first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
     threshold = analysis.precision.smallest_subnormal / 2
-    keys = [v.key for v in watched]
+    sources = {v.key: _same_elements_source(analysis, v) for v in watched}
+    keys = sorted(set(sources.values()))
 
     def work(progress):
         lifted = instrument.lift_nested(model, keys, threshold)
@@ -167,7 +168,20 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     description, measured = isolated(work, "onnxruntime (range check)")
     if description:
         analysis.notes.append(f"range check on generated inputs: {description}")
-    return measured
+    return {key: measured[source] for key, source in sources.items() if source in measured}
+
+
+def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
+    """The value whose measurement stands for ``value``: up the chain of top-level reshapes and
+    transposes (``SAME_ELEMENTS``) to the first value something else computes."""
+    while value.key[0] == 0:
+        node = analysis.index.producer_node(value)
+        source = analysis.index.values.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        if (op_key(node.domain, node.op_type) not in SAME_ELEMENTS or source is None or source.key[0] != 0
+                or source.producer is None):
+            break
+        value = source
+    return value.key
 
 
 def _zero_singular_reader(analysis: Analysis, value: Value) -> str | None:
