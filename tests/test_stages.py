@@ -1,0 +1,56 @@
+"""The range check's staged runs measure what one session exposing every value measures."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from amp_rewrite.runtime import instrument, samples, stages
+from models.builders import control_flow, transformer
+from tests.helpers import model
+
+THRESHOLD = 3e-8
+
+
+def _at_once(m: onnx.ModelProto, keys, data) -> dict:
+    exposed = instrument.expose(m, keys, THRESHOLD)
+    session = instrument.session(exposed.model)
+    return instrument.merge(instrument.measure(exposed, instrument.run(session, s), THRESHOLD) for s in data)
+
+
+def _staged(m: onnx.ModelProto, keys, data) -> dict:
+    lifted = instrument.lift_nested(m, keys, THRESHOLD)
+    top = {name: (graph, name) for graph, name in keys if graph == 0}
+    return stages.measure(lifted.model, top, lifted.stats, data, THRESHOLD, None, lambda text: None)
+
+
+@pytest.mark.parametrize("stage_nodes", [1, 7, 10_000])
+@pytest.mark.parametrize("build", [lambda: transformer(blocks=2, with_mask=True), control_flow],
+                         ids=["transformer", "control_flow"])
+def test_staged_statistics_equal_one_session_exposing_everything(build, stage_nodes, monkeypatch) -> None:
+    m = build()
+    monkeypatch.setattr(stages, "STAGE_NODES", stage_nodes)
+    keys = instrument.float_values(m)
+    data = samples.generate(m, 2, seed=3)
+    staged = _staged(m, keys, data)
+    assert staged == _at_once(m, keys, data)
+    assert len(staged) == len(keys) and any(k[0] != 0 for k in keys) == (build is control_flow)
+
+
+def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages() -> None:
+    m = model("""(float[2,4] x) => (float[2,4] y, float[2,4] z) {
+        a = Relu(x)
+        s = SequenceConstruct(a, x)
+        b = Neg(x)
+        first = SequenceAt(s, zero)
+        y = Mul(first, two)
+        z = Exp(b)
+    }""", {"zero": np.array(0, np.int64), "two": np.array(2.0, np.float32)})
+    plan = stages.plan(m.graph, {"y"}, stage_nodes=1)
+    ops = [[m.graph.node[p].op_type for p in s.nodes] for s in plan]
+    assert ops == [["Relu"], ["SequenceConstruct"], ["SequenceAt"], ["Mul"]]  # no Neg, no Exp
+    assert plan[1].outputs == ["s"] and plan[2].reads == ["s"] and plan[2].done == ["s"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
+    measured = stages.measure(m, {"y": (0, "y")}, {}, [{"x": x}], THRESHOLD, None, lambda text: None)
+    assert measured[(0, "y")].max_abs == pytest.approx(2 * np.abs(np.maximum(x, 0)).max())
