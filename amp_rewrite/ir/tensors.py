@@ -44,6 +44,15 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> 
     return array.reshape(tuple(tensor.dims))
 
 
+def convert_embedded(tensor: onnx.TensorProto, precision: Precision) -> None:
+    """Convert a float32 tensor held in the model to ``precision`` in place: its values become
+    ``raw_data`` of the new type; its name, shape and other fields stay."""
+    data = read_array(tensor, None).astype(precision.numpy_type)
+    tensor.ClearField("float_data")
+    tensor.data_type = precision.onnx_type
+    tensor.raw_data = data.tobytes()
+
+
 @dataclass(frozen=True)
 class Fit:
     """Whether float32 values survive conversion to a low precision, and why not."""
@@ -84,19 +93,22 @@ def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share
     present = [a.ravel() for a in arrays if a.size]
     if not present:
         return [Fit(0.0, 0.0, None) for _ in arrays]
-    flat = np.abs(present[0] if len(present) == 1 else np.concatenate(present))
-    finite = np.isfinite(flat)
-    if not finite.all():
-        flat[~finite] = 0  # inf/nan stay inf/nan in any float type; judge the rest
+    flat = np.concatenate(present) if len(present) > 1 else present[0].copy()
+    np.abs(flat, out=flat)
     starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]])
-    maxima = np.maximum.reduceat(flat, starts).astype(np.float64)
-    tiny = (flat < precision.smallest_subnormal / 2) & (flat > 0)
+    maxima = np.maximum.reduceat(flat, starts)
+    if not np.isfinite(maxima).all():  # a NaN or inf in some tensor: stays so in any float type; judge the rest
+        flat[~np.isfinite(flat)] = 0
+        maxima = np.maximum.reduceat(flat, starts)
     lost = np.zeros(len(starts))
-    if tiny.any():  # squares in float64 only when something can flush to zero
-        squares = np.square(flat, dtype=np.float64)
-        lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
-                       / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
-    judged = iter(zip(maxima.tolist(), lost.tolist()))
+    tiny = np.flatnonzero((flat < precision.smallest_subnormal / 2) & (flat > 0))
+    # Squares in float64 only for the tensors where something can flush to zero.
+    for segment in np.unique(np.searchsorted(starts, tiny, side="right") - 1).tolist():
+        part = flat[starts[segment]:starts[segment + 1] if segment + 1 < len(starts) else len(flat)]
+        squares = np.square(part, dtype=np.float64)
+        flushed = np.add.reduceat(np.where(part < precision.smallest_subnormal / 2, squares, 0.0), [0])[0]
+        lost[segment] = np.sqrt(flushed / max(np.add.reduceat(squares, [0])[0], np.finfo(np.float64).tiny))
+    judged = iter(zip(maxima.astype(np.float64).tolist(), lost.tolist()))
     fits = []
     for size in sizes:
         max_abs, share = next(judged) if size else (0.0, 0.0)

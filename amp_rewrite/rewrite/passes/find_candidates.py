@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-from amp_rewrite.ir.graph import Node
 from amp_rewrite.ir.schemas import signature
 from amp_rewrite.policy.oplists import CONTROL_FLOW, RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, Analysis, Slots
@@ -19,37 +18,45 @@ class FindCandidates:
     """
 
     def run(self, analysis: Analysis) -> None:
-        index = analysis.index
+        index, policy, target = analysis.index, analysis.policy, analysis.precision.schema_type
+        values, slots, unknown = index.values, analysis.slots, analysis.unknown_ops
+        # Nodes of one op with the same inputs and outputs present share their eligible parameters,
+        # and nodes whose slots agree share one Slots: a transformer has a few dozen kinds of node.
+        eligible_of: dict[tuple, _Eligible | None] = {}
+        shared: dict[tuple, Slots] = {}
         for node in index.nodes:
-            key = (node.domain, node.op_type)
-            if key in CONTROL_FLOW or key == ("", "Constant"):
+            domain, op_type, inputs, outputs = node.domain, node.op_type, node.inputs, node.outputs
+            op = (domain, op_type)
+            if op in CONTROL_FLOW or op == ("", "Constant"):
                 continue
-            slots = self._slots(analysis, node)
-            if slots is not None:
-                analysis.slots[node.id] = slots
+            if None in inputs or None in outputs:
+                kind = (op, tuple(k is not None for k in inputs), tuple(k is not None for k in outputs))
+            else:
+                kind = (op, len(inputs), len(outputs))
+            eligible = eligible_of.get(kind, _MISSING)
+            if eligible is _MISSING:
+                eligible = eligible_of[kind] = _eligible_params(
+                    domain, op_type, index.opset(node), tuple(k is not None for k in inputs),
+                    tuple(k is not None for k in outputs), target,
+                    frozenset(policy.keep_fp32_params(domain, op_type)))
+            if eligible is None:
+                if any(k is not None and values[k].elem_type == FLOAT for k in (*inputs, *outputs)):
+                    unknown[node.qualified_op] += 1
+                continue
+            chosen = tuple(e for e in eligible
+                           if all(values[inputs[i]].elem_type == FLOAT for i in e[1])
+                           and all(values[outputs[i]].elem_type == FLOAT for i in e[2]))
+            if not chosen or (op in RETYPED_BY_ATTRIBUTE and not any(e[2] for e in chosen)):
+                continue  # nothing to convert, or an attribute fixes a non-float output type
+            found = shared.get(chosen)
+            if found is None:
+                found = shared[chosen] = Slots(frozenset(i for e in chosen for i in e[1]),
+                                               frozenset(i for e in chosen for i in e[2]),
+                                               frozenset(e[0] for e in chosen))
+            slots[node.id] = found
 
-    def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
-        index, values = analysis.index, analysis.index.values
-        eligible = _eligible_params(
-            node.domain, node.op_type, index.opset(node), tuple(k is not None for k in node.inputs),
-            tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
-            frozenset(analysis.policy.keep_fp32_params(node.domain, node.op_type)))
-        if eligible is None:
-            if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
-                analysis.unknown_ops[node.qualified_op] += 1
-            return None
-        params, inputs, outputs = [], [], []
-        for param, ins, outs in eligible:
-            if all(values[node.inputs[i]].elem_type == FLOAT for i in ins) and \
-                    all(values[node.outputs[i]].elem_type == FLOAT for i in outs):
-                params.append(param)
-                inputs.extend(ins)
-                outputs.extend(outs)
-        if not params or ((node.domain, node.op_type) in RETYPED_BY_ATTRIBUTE and not outputs):
-            return None  # nothing to convert, or an attribute fixes a non-float output type
-        return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
 
-
+_MISSING = object()
 _Eligible = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
 """(type parameter, input slots, output slots) for each eligible parameter."""
 
