@@ -17,12 +17,14 @@ from google.protobuf import unknown_fields
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
-from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, convert_embedded, external_location, read_array
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, convert_embedded, external_location, float32_values
 
 PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_THRESHOLD = 1024
 """Tensors of at least this many bytes go to the external data file."""
 COPY_CHUNK = 64 << 20
+WRITE_BUFFER = 1 << 20
+"""The model file is written in many small pieces: buffer them."""
 
 
 def load(path: str | os.PathLike) -> onnx.ModelProto:
@@ -143,7 +145,7 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
             pieces.add(model.SerializeToString())
         else:
             written = 0
-        with open(model_temp, "wb", buffering=COPY_CHUNK) as sink:
+        with open(model_temp, "wb", buffering=WRITE_BUFFER) as sink:
             pieces.write(sink)
             written += sink.tell()
         if len(temps) == 2:
@@ -192,6 +194,8 @@ class _Converted:
     converted values as ``raw_data``, then its fields after (the bytes that ``tensors.
     convert_embedded`` followed by serialization would give, without changing the model)."""
 
+    __slots__ = ("tensor", "precision", "count", "head", "tail", "size")
+
     def __init__(self, tensor: onnx.TensorProto, precision: Precision) -> None:
         self.tensor, self.precision = tensor, precision
         head = onnx.TensorProto()
@@ -199,21 +203,22 @@ class _Converted:
         head.ClearField("raw_data")
         head.ClearField("float_data")
         head.data_type = precision.onnx_type
-        tail = onnx.TensorProto()
+        self.tail = b""
         fields = head.ListFields()
         if fields[-1][0].number > _RAW_DATA:  # fields come by number: most tensors have none after raw_data
+            tail = onnx.TensorProto()
             for field, _ in fields:
                 if field.number > _RAW_DATA:
                     _copy_field(head, tail, field)
                     head.ClearField(field.name)
+            self.tail = tail.SerializeToString()
         self.count = math.prod(head.dims)
         nbytes = self.count * precision.numpy_type.itemsize
         self.head = head.SerializeToString() + _RAW_DATA_KEY + _varint(nbytes)
-        self.tail = tail.SerializeToString()
         self.size = len(self.head) + nbytes + len(self.tail)
 
     def write(self, sink) -> None:
-        data = read_array(self.tensor, None).astype(self.precision.numpy_type)
+        data = float32_values(self.tensor, None).astype(self.precision.numpy_type)
         if data.size != self.count:
             raise UserError(f"tensor {self.tensor.name!r} holds {data.size} values, not the {self.count} of its shape")
         sink.write(self.head)

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Sequence
 
 import onnx
+import onnx.defs
 from onnx import AttributeProto, TensorProto
 
 from amp_rewrite.ir.graph import ModelIndex, Node
@@ -51,7 +52,7 @@ def typed_index(model: onnx.ModelProto) -> ModelIndex:
 def output_types(proto: onnx.NodeProto, opset: int, input_types: Sequence[int | None]) -> list[int | None]:
     """Element types of a node's outputs that its attributes or schema imply, given its inputs' types."""
     domain = "" if proto.domain == "ai.onnx" else proto.domain
-    fixed = _attribute_type(proto, domain)
+    fixed = _attribute_type(proto, domain, proto.op_type)
     if fixed is not None:
         return [fixed] * len(proto.output)
     return _schema_types(domain, proto.op_type, opset, input_types, len(proto.output))
@@ -93,7 +94,7 @@ def _output_plan(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs
 
 def _infer(index: ModelIndex, node: Node) -> None:
     values = index.values
-    fixed = _attribute_type(node.proto, node.domain)
+    fixed = _attribute_type(node.proto, node.domain, node.op_type)
     subgraph = _subgraph_types(index, node) if fixed is None else None
     if subgraph is None:
         if fixed is not None:
@@ -108,20 +109,39 @@ def _infer(index: ModelIndex, node: Node) -> None:
             value.elem_type = subgraph.get(i) if subgraph is not None else implied[i]
 
 
-def _attribute_type(proto: onnx.NodeProto, domain: str) -> int | None:
+def _attribute_type(proto: onnx.NodeProto, domain: str, op_type: str) -> int | None:
     """The output type an attribute fixes: ``to``/``dtype``, or a Constant's value."""
     if domain != "":
         return None
-    if not proto.attribute:
-        return _DEFAULT_OUTPUT_TYPES.get(proto.op_type)
-    for attr in proto.attribute:
-        if attr.name in ("to", "dtype") and attr.type == AttributeProto.INT:
-            return attr.i
-        if proto.op_type in ("Constant", "ConstantOfShape") and attr.type == AttributeProto.TENSOR:
-            return attr.t.data_type
-        if proto.op_type == "Constant" and attr.name in _CONSTANT_ATTRIBUTE_TYPES:
-            return _CONSTANT_ATTRIBUTE_TYPES[attr.name]
-    return _DEFAULT_OUTPUT_TYPES.get(proto.op_type)
+    if _typed_by_attribute(op_type):
+        for attr in proto.attribute:
+            if attr.name in ("to", "dtype") and attr.type == AttributeProto.INT:
+                return attr.i
+            if op_type in ("Constant", "ConstantOfShape") and attr.type == AttributeProto.TENSOR:
+                return attr.t.data_type
+            if op_type == "Constant" and attr.name in _CONSTANT_ATTRIBUTE_TYPES:
+                return _CONSTANT_ATTRIBUTE_TYPES[attr.name]
+    return _DEFAULT_OUTPUT_TYPES.get(op_type)
+
+
+@functools.cache
+def _typed_by_attribute(op_type: str) -> bool:
+    """Whether a default-domain op may have an attribute that fixes its output type: a
+    Constant, or an op whose schema (in some version) declares ``to`` or ``dtype``. An op
+    ONNX has no schema for is read as if it might. The others' attributes are never read
+    (reading attributes is a large share of inference's time)."""
+    if op_type in ("Constant", "ConstantOfShape") or not onnx.defs.has(op_type):
+        return True
+    version = onnx.defs.onnx_opset_version()
+    while version > 0:
+        try:
+            schema = onnx.defs.get_schema(op_type, version)
+        except onnx.defs.SchemaError:
+            return False  # no version of the op at or below this one
+        if "to" in schema.attributes or "dtype" in schema.attributes:
+            return True
+        version = schema.since_version - 1
+    return False
 
 
 def _subgraph_types(index: ModelIndex, node: Node) -> dict[int, int] | None:

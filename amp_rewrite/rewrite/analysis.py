@@ -61,17 +61,22 @@ class Analysis:
     def is_float(self, value: Value) -> bool:
         return value.elem_type == FLOAT
 
+    def is_offline(self, value: Value) -> bool:
+        """Whether ``value`` is an initializer or a Constant's output."""
+        if value.source == INITIALIZER:
+            return True
+        if value.producer is None:
+            return False
+        node = self.index.nodes[value.producer[0]]
+        return node.op_type == "Constant" and node.domain == ""
+
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""
-        source = value.source
-        if source == INITIALIZER:
+        if self.is_offline(value):
             return OFFLINE
-        if source == GRAPH_INPUT:
+        if value.source == GRAPH_INPUT:
             return self.io_color if value.key[0] == 0 else Color.FP32
         node_id, index = value.producer
-        node = self.index.nodes[node_id]
-        if node.op_type == "Constant" and node.domain == "":
-            return OFFLINE
         slots = self.slots.get(node_id)
         if slots is not None and index in slots.outputs:
             decision = self.coloring.decisions.get(node_id)

@@ -43,9 +43,18 @@ class FindCandidates:
                 if any(k is not None and values[k].elem_type == FLOAT for k in (*inputs, *outputs)):
                     unknown[node.qualified_op] += 1
                 continue
-            chosen = tuple(e for e in eligible
-                           if all(values[inputs[i]].elem_type == FLOAT for i in e[1])
-                           and all(values[outputs[i]].elem_type == FLOAT for i in e[2]))
+            chosen = []
+            for e in eligible:  # loops, not all(): this runs for every slot of every node
+                for i in e[1]:
+                    if values[inputs[i]].elem_type != FLOAT:
+                        break
+                else:
+                    for i in e[2]:
+                        if values[outputs[i]].elem_type != FLOAT:
+                            break
+                    else:
+                        chosen.append(e)
+            chosen = eligible if len(chosen) == len(eligible) else tuple(chosen)
             if not chosen or (op in RETYPED_BY_ATTRIBUTE and not any(e[2] for e in chosen)):
                 continue  # nothing to convert, or an attribute fixes a non-float output type
             found = shared.get(chosen)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import onnx
 
-from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER
-from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_fits, read_array
-from amp_rewrite.rewrite.analysis import FLOAT, OFFLINE, Analysis
+from amp_rewrite.ir.graph import INITIALIZER
+from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
+from amp_rewrite.rewrite.analysis import FLOAT, Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 
 
@@ -22,13 +22,14 @@ class KeepUnfitConstants:
         pending = []
         decisions = analysis.coloring.decisions
         for value in index.all_values():
-            if value.elem_type != FLOAT or value.source == GRAPH_INPUT or analysis.producer_color(value) != OFFLINE:
+            if value.elem_type != FLOAT or not analysis.is_offline(value):
                 continue
             readers = [(n, i) for n, i in analysis.slot_readers(value) if decisions[n].color is not Color.FP32]
             if readers:
                 pending.append((value, readers))
-        arrays = (read_array(_tensor_of(analysis, value), analysis.base_dir) for value, _ in pending)
-        for (value, readers), fit in zip(pending, judge_fits(arrays, analysis.precision, options.underflow_share)):
+        tensors = (_tensor_of(analysis, value) for value, _ in pending)
+        for (value, readers), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
+                                                                options.underflow_share)):
             if fit.problem is None:
                 continue
             kind = "initializer" if value.source == INITIALIZER else "Constant"
