@@ -111,15 +111,14 @@ def check_output_path(source: str | os.PathLike | None, output: str | os.PathLik
 
 def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None,
          deferred: Mapping[str, Precision] | None = None) -> int:
-    """Write ``model`` atomically (nothing at ``output`` unless all of it was written) and return
-    the bytes written; external tensors (and any model over 2 GB) go to ``OUT.data``.
+    """Write ``model`` atomically (nothing appears at ``output`` unless all of it was written)
+    and return the bytes written; external tensors (and any model over 2 GB) go to ``OUT.data``.
 
     The model is written piece by piece, never as one serialized string, and the tensors
     that InsertCasts marked (external ones, and the top-level initializers named in
     ``deferred``) are converted one at a time as they are written: memory holds the model
-    and one tensor. A model saved with ``deferred`` is left with those initializers in
-    float32 when it is written whole, and externalized (converted) when it goes to
-    ``OUT.data``.
+    and one tensor. A model written whole is left unchanged; one that goes to ``OUT.data``
+    is left pointing there, its tensors converted.
     """
     output = Path(output)
     deferred = deferred or {}
@@ -127,30 +126,22 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
     temps: list[str] = []
     try:
         pieces = None if external else _pieces(model, deferred)
-        model_temp = _temp_beside(output)
-        temps.append(model_temp)
+        written = 0
         if pieces is None or pieces.size > PROTOBUF_LIMIT:
-            data_name = output.name + ".data"
-            data_temp = _temp_beside(output.parent / data_name)
-            temps.append(data_temp)
-            with open(data_temp, "wb") as sink:
-                graphs = iter_graphs(model.graph)
-                for tensor in next(graphs).initializer:
-                    _externalize(tensor, sink, data_name, base_dir, deferred.get(tensor.name))
-                for graph in graphs:
-                    for tensor in graph.initializer:
-                        _externalize(tensor, sink, data_name, base_dir, None)
+            data = output.parent / (output.name + ".data")
+            temps.append(_temp_beside(data))
+            with open(temps[-1], "wb") as sink:
+                _externalize_all(model, sink, data.name, base_dir, deferred)
                 written = sink.tell()
             pieces = _Pieces()
             pieces.add(model.SerializeToString())
-        else:
-            written = 0
-        with open(model_temp, "wb", buffering=WRITE_BUFFER) as sink:
+        temps.append(_temp_beside(output))
+        with open(temps[-1], "wb", buffering=WRITE_BUFFER) as sink:
             pieces.write(sink)
             written += sink.tell()
         if len(temps) == 2:
-            os.replace(temps[1], output.parent / data_name)
-        os.replace(model_temp, output)
+            os.replace(temps[0], data)
+        os.replace(temps[-1], output)
         temps.clear()
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror}") from None
@@ -309,6 +300,15 @@ def _temp_beside(path: Path) -> str:
     os.umask(umask)
     os.chmod(name, 0o666 & ~umask)  # the permissions a plain open() would give
     return name
+
+
+def _externalize_all(model: onnx.ModelProto, sink, location: str, base_dir, deferred: Mapping[str, Precision]) -> None:
+    graphs = iter_graphs(model.graph)
+    for tensor in next(graphs).initializer:
+        _externalize(tensor, sink, location, base_dir, deferred.get(tensor.name))
+    for graph in graphs:  # subgraphs: ``deferred`` names top-level initializers only
+        for tensor in graph.initializer:
+            _externalize(tensor, sink, location, base_dir, None)
 
 
 def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precision: Precision | None) -> None:

@@ -18,7 +18,7 @@ class Summarized(Protocol):
     def summary(self) -> str: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeDecision:
     node: str
     op_type: str

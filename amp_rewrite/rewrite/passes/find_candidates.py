@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from amp_rewrite.ir.graph import Node
 from amp_rewrite.ir.schemas import signature
 from amp_rewrite.policy.oplists import CONTROL_FLOW, RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, Analysis, Slots
@@ -18,54 +19,65 @@ class FindCandidates:
     """
 
     def run(self, analysis: Analysis) -> None:
-        index, policy, target = analysis.index, analysis.policy, analysis.precision.schema_type
-        values, slots, unknown = index.values, analysis.slots, analysis.unknown_ops
         # Nodes of one op with the same inputs and outputs present share their eligible parameters,
         # and nodes whose slots agree share one Slots: a transformer has a few dozen kinds of node.
-        eligible_of: dict[tuple, _Eligible | None] = {}
-        shared: dict[tuple, Slots] = {}
-        for node in index.nodes:
-            domain, op_type, inputs, outputs = node.domain, node.op_type, node.inputs, node.outputs
-            op = (domain, op_type)
+        self._eligible: dict[tuple, _Eligible | None] = {}
+        self._shared: dict[_Eligible, Slots] = {}
+        for node in analysis.index.nodes:
+            op = (node.domain, node.op_type)
             if op in CONTROL_FLOW or op == ("", "Constant"):
                 continue
-            if None in inputs or None in outputs:
-                kind = (op, tuple(k is not None for k in inputs), tuple(k is not None for k in outputs))
+            slots = self._slots(analysis, node)
+            if slots is not None:
+                analysis.slots[node.id] = slots
+
+    def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
+        values = analysis.index.values
+        eligible = self._eligible_for(analysis, node)
+        if eligible is None:
+            if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
+                analysis.unknown_ops[node.qualified_op] += 1
+            return None
+        chosen = _float_params(values, node, eligible)
+        if not chosen or ((node.domain, node.op_type) in RETYPED_BY_ATTRIBUTE and not any(e[2] for e in chosen)):
+            return None  # nothing to convert, or an attribute fixes a non-float output type
+        slots = self._shared.get(chosen)
+        if slots is None:
+            slots = self._shared[chosen] = Slots(frozenset(i for e in chosen for i in e[1]),
+                                                 frozenset(i for e in chosen for i in e[2]),
+                                                 frozenset(e[0] for e in chosen))
+        return slots
+
+    def _eligible_for(self, analysis: Analysis, node: Node) -> _Eligible | None:
+        if None in node.inputs or None in node.outputs:
+            kind = (node.domain, node.op_type, tuple(k is not None for k in node.inputs),
+                    tuple(k is not None for k in node.outputs))
+        else:
+            kind = (node.domain, node.op_type, len(node.inputs), len(node.outputs))
+        if kind not in self._eligible:
+            self._eligible[kind] = _eligible_params(
+                node.domain, node.op_type, analysis.index.opset(node), tuple(k is not None for k in node.inputs),
+                tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
+                frozenset(analysis.policy.keep_fp32_params(node.domain, node.op_type)))
+        return self._eligible[kind]
+
+
+def _float_params(values, node: Node, eligible: _Eligible) -> _Eligible:
+    """The eligible parameters bound to float32 at every slot of ``node``."""
+    chosen = []
+    for e in eligible:  # loops, not all() over generators: this runs for every slot of every node
+        for i in e[1]:
+            if values[node.inputs[i]].elem_type != FLOAT:
+                break
+        else:
+            for i in e[2]:
+                if values[node.outputs[i]].elem_type != FLOAT:
+                    break
             else:
-                kind = (op, len(inputs), len(outputs))
-            eligible = eligible_of.get(kind, _MISSING)
-            if eligible is _MISSING:
-                eligible = eligible_of[kind] = _eligible_params(
-                    domain, op_type, index.opset(node), tuple(k is not None for k in inputs),
-                    tuple(k is not None for k in outputs), target,
-                    frozenset(policy.keep_fp32_params(domain, op_type)))
-            if eligible is None:
-                if any(k is not None and values[k].elem_type == FLOAT for k in (*inputs, *outputs)):
-                    unknown[node.qualified_op] += 1
-                continue
-            chosen = []
-            for e in eligible:  # loops, not all(): this runs for every slot of every node
-                for i in e[1]:
-                    if values[inputs[i]].elem_type != FLOAT:
-                        break
-                else:
-                    for i in e[2]:
-                        if values[outputs[i]].elem_type != FLOAT:
-                            break
-                    else:
-                        chosen.append(e)
-            chosen = eligible if len(chosen) == len(eligible) else tuple(chosen)
-            if not chosen or (op in RETYPED_BY_ATTRIBUTE and not any(e[2] for e in chosen)):
-                continue  # nothing to convert, or an attribute fixes a non-float output type
-            found = shared.get(chosen)
-            if found is None:
-                found = shared[chosen] = Slots(frozenset(i for e in chosen for i in e[1]),
-                                               frozenset(i for e in chosen for i in e[2]),
-                                               frozenset(e[0] for e in chosen))
-            slots[node.id] = found
+                chosen.append(e)
+    return eligible if len(chosen) == len(eligible) else tuple(chosen)
 
 
-_MISSING = object()
 _Eligible = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]
 """(type parameter, input slots, output slots) for each eligible parameter."""
 
