@@ -76,9 +76,12 @@ class InsertCasts:
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
         produced = analysis.producer_color(value)
+        if produced != OFFLINE and not value.output_of and all(
+                analysis.use_color(n, i) is produced for n, i in value.uses):
+            if produced is Color.LOW:
+                self._set_type(value.key[0], value.name, self.low)
+            return  # read as it is made: the common case inside a region of one precision, no cast
         needs = self._needs(value)
-        if produced is Color.FP32 and not value.output_of and Color.LOW not in needs:
-            return  # float32 in, float32 out: the common case in float32 regions, nothing to do
         output_color = {analysis.output_color(g) for g in value.output_of}
         if produced == OFFLINE:
             self._convert_constant(value, needs, output_color)
