@@ -55,7 +55,7 @@ class InsertCasts:
         self.names = Names({name for _, name in index.values} | {n.proto.name for n in index.nodes})
         self.builder = GraphBuilder(self.names, index.opsets.get("", _newest_opset(index.model)))
         self.infos = _value_infos(analysis)
-        for value in [v for v in index.all_values() if v.elem_type == FLOAT]:
+        for value in [v for v in index.all_values() if analysis.is_float(v)]:
             self._rewrite_value(value)
         for node_id, decision in analysis.coloring.decisions.items():
             if decision.color is Color.LOW:

@@ -6,7 +6,7 @@ import onnx
 
 from amp_rewrite.ir.graph import INITIALIZER
 from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
-from amp_rewrite.rewrite.analysis import FLOAT, Analysis
+from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 
 
@@ -22,7 +22,7 @@ class KeepUnfitConstants:
         pending = []
         decisions = analysis.coloring.decisions
         for value in index.all_values():
-            if value.elem_type != FLOAT or not analysis.is_offline(value):
+            if not analysis.is_float(value) or not analysis.is_offline(value):
                 continue
             readers = [(n, i) for n, i in analysis.slot_readers(value) if decisions[n].color is not Color.FP32]
             if readers:
