@@ -97,3 +97,17 @@ def test_streamed_large_model_builder_converts_with_external_data(tmp_path) -> N
     data = tmp_path / "big.mixed.onnx.data"
     assert data.stat().st_size < 0.51 * (tmp_path / "big.onnx.data").stat().st_size
     assert report.low_nodes == report.candidates
+
+
+@pytest.mark.parametrize("name", ["control_flow", "transformer"])
+def test_casts_inserted_in_place_or_by_rebuilding_the_node_list_agree(name: str, monkeypatch) -> None:
+    """``PendingInserts`` inserts a few nodes where they go, and rebuilds a graph's node list
+    when that would move too many: both give the same model."""
+    from amp_rewrite.ir import graph
+
+    options = dict(provider=None, keep_io_types=True)
+    inserted, report = convert(SAMPLES[name], **options)
+    assert report.casts_inserted > 0
+    monkeypatch.setattr(graph, "INSERT_MOVES", 0)
+    rebuilt, _ = convert(SAMPLES[name], **options)
+    assert rebuilt.SerializeToString() == inserted.SerializeToString()

@@ -29,14 +29,9 @@ class Node:
     position: int
     inputs: list[ValueKey | None]
     outputs: list[ValueKey | None]
-
-    @property
-    def op_type(self) -> str:
-        return self.proto.op_type
-
-    @property
-    def domain(self) -> str:
-        return "" if self.proto.domain == "ai.onnx" else self.proto.domain
+    op_type: str
+    domain: str
+    """``""`` for the default domain, however the model spells it."""
 
     @property
     def qualified_op(self) -> str:
@@ -46,7 +41,10 @@ class Node:
     @property
     def label(self) -> str:
         """The node's name, or a stable description when it has none."""
-        return self.proto.name or f"{self.proto.op_type}#{self.id}"
+        return self.proto.name or f"{self.op_type}#{self.id}"
+
+
+_NO_GRAPHS: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -55,7 +53,8 @@ class Value:
     source: str
     producer: tuple[int, int] | None = None
     uses: list[tuple[int, int]] = field(default_factory=list)
-    output_of: list[int] = field(default_factory=list)
+    output_of: list[int] | tuple[int, ...] = _NO_GRAPHS
+    """The graphs that list the value as an output (an empty tuple, shared, for most values)."""
     elem_type: int | None = None
     shape: tuple | None = None
 
@@ -74,7 +73,12 @@ class Graph:
 
 
 class ModelIndex:
-    """Def-use index of a model; rebuild it after the model is edited."""
+    """Def-use index of a model; rebuild it after the model is edited.
+
+    Each node's names, op type and domain are read from the protobuf once, here:
+    protobuf field access costs far more than a Python attribute, and the passes
+    ask these questions of every node.
+    """
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
@@ -129,38 +133,54 @@ class ModelIndex:
             value = self._define(graph, tensor.name, INITIALIZER)
             value.elem_type, value.shape = tensor.data_type, tuple(tensor.dims)
             self.initializers[value.key] = tensor
-        first = len(self.nodes)
+        # Outputs first, then inputs: a node may read a value that a later node of its graph defines.
+        nodes, values, scope, gid = self.nodes, self.values, graph.scope, graph.id
+        read: list[tuple[Node, list[str]]] = []
         for position, node_proto in enumerate(proto.node):
-            node = Node(len(self.nodes), node_proto, graph.id, position, [], [])
-            self.nodes.append(node)
+            domain = node_proto.domain
+            node = Node(len(nodes), node_proto, gid, position, [], [], node_proto.op_type,
+                        "" if domain == "ai.onnx" else domain)
+            nodes.append(node)
+            outputs = node.outputs
             for i, name in enumerate(node_proto.output):
                 if not name:
-                    node.outputs.append(None)
+                    outputs.append(None)
                     continue
-                value = self._define(graph, name, NODE, infos.get(name))
-                value.producer = (node.id, i)
-                node.outputs.append(value.key)
-        for node in self.nodes[first:len(self.nodes)]:
-            self._index_uses(graph, node)
+                key = (gid, name)
+                value = Value(key, NODE, (node.id, i))
+                type_proto = infos.get(name)
+                if type_proto is not None:
+                    set_type(value, type_proto)
+                scope[name] = key
+                values[key] = value
+                outputs.append(key)
+            read.append((node, list(node_proto.input)))
+        for node, names in read:
+            inputs, use = node.inputs, node.id
+            for i, name in enumerate(names):
+                key = scope.get(name) if name else None
+                if key is None:
+                    if not name:
+                        inputs.append(None)
+                        continue
+                    key = self._resolve(graph, name)
+                values[key].uses.append((use, i))
+                inputs.append(key)
+            if node.proto.attribute:
+                for attr in node.proto.attribute:
+                    if attr.type == AttributeProto.GRAPH:
+                        self._index_graph(attr.g, gid, use)
+                    elif attr.type == AttributeProto.GRAPHS:
+                        for sub in attr.graphs:
+                            self._index_graph(sub, gid, use)
         for vi in proto.output:
             key = self._resolve(graph, vi.name)
-            self.values[key].output_of.append(graph.id)
+            value = values[key]
+            if value.output_of:
+                value.output_of.append(gid)
+            else:
+                value.output_of = [gid]
             graph.outputs.append(key)
-
-    def _index_uses(self, graph: Graph, node: Node) -> None:
-        for i, name in enumerate(node.proto.input):
-            if not name:
-                node.inputs.append(None)
-                continue
-            key = self._resolve(graph, name)
-            self.values[key].uses.append((node.id, i))
-            node.inputs.append(key)
-        for attr in node.proto.attribute:
-            if attr.type == AttributeProto.GRAPH:
-                self._index_graph(attr.g, graph.id, node.id)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    self._index_graph(sub, graph.id, node.id)
 
 
 def set_type(value: Value, type_proto: onnx.TypeProto) -> None:
@@ -196,15 +216,25 @@ class PendingInserts:
     def apply(self, index: ModelIndex) -> None:
         # Rebuilding a node list copies its nodes, so subgraphs (higher ids) go before their parents.
         for graph_id, at in sorted(self.inserts.items(), reverse=True):
-            proto = index.graphs[graph_id].proto
-            nodes = list(proto.node)
+            nodes = index.graphs[graph_id].proto.node
+            if sum(map(len, at.values())) * len(nodes) <= INSERT_MOVES:
+                for position in sorted(at, reverse=True):  # from the end: earlier positions stay valid
+                    for node in reversed(at[position]):
+                        nodes.insert(position, node)
+                continue
+            kept = list(nodes)
             ordered = []
-            for position in range(len(nodes) + 1):
+            for position in range(len(kept) + 1):
                 ordered.extend(at.get(position, ()))
-                if position < len(nodes):
-                    ordered.append(nodes[position])
-            del proto.node[:]
-            proto.node.extend(ordered)
+                if position < len(kept):
+                    ordered.append(kept[position])
+            del nodes[:]
+            nodes.extend(ordered)
+
+
+INSERT_MOVES = 1 << 24
+"""An insert moves the nodes after it (one pointer each, no copy); past this many moves in a
+graph, rebuilding its node list (which copies every node) is cheaper."""
 
 
 def names_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:

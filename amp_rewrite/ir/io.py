@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import google.protobuf.message
 import numpy as np
 import onnx
 import onnx.external_data_helper
+from google.protobuf import unknown_fields
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
-from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, external_location
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, convert_embedded, external_location, float32_values
 
 PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_THRESHOLD = 1024
 """Tensors of at least this many bytes go to the external data file."""
 COPY_CHUNK = 64 << 20
+WRITE_BUFFER = 1 << 20
+"""The model file is written in many small pieces: buffer them."""
 
 
 def load(path: str | os.PathLike) -> onnx.ModelProto:
@@ -105,30 +109,39 @@ def check_output_path(source: str | os.PathLike | None, output: str | os.PathLik
     return output
 
 
-def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None) -> None:
-    """Write ``model`` atomically; external tensors (and any model over 2 GB) go to ``OUT.data``.
+def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None,
+         deferred: Mapping[str, Precision] | None = None) -> int:
+    """Write ``model`` atomically (nothing appears at ``output`` unless all of it was written)
+    and return the bytes written; external tensors (and any model over 2 GB) go to ``OUT.data``.
 
-    Tensors marked by InsertCasts are converted while they are copied, one at a
-    time, so memory holds one tensor, not the model.
+    The model is written piece by piece, never as one serialized string, and the tensors
+    that InsertCasts marked (external ones, and the top-level initializers named in
+    ``deferred``) are converted one at a time as they are written: memory holds the model
+    and one tensor. A model written whole is left unchanged; one that goes to ``OUT.data``
+    is left pointing there, its tensors converted.
     """
     output = Path(output)
+    deferred = deferred or {}
     external = any(external_location(t) for t in initializers(model))
     temps: list[str] = []
     try:
-        if external or model.ByteSize() > PROTOBUF_LIMIT:
-            data_name = output.name + ".data"
-            data_temp = _temp_beside(output.parent / data_name)
-            temps.append(data_temp)
-            with open(data_temp, "wb") as sink:
-                for tensor in initializers(model):
-                    _externalize(tensor, sink, data_name, base_dir)
-        model_temp = _temp_beside(output)
-        temps.append(model_temp)
-        with open(model_temp, "wb") as sink:
-            sink.write(model.SerializeToString())
+        pieces = None if external else _pieces(model, deferred)
+        written = 0
+        if pieces is None or pieces.size > PROTOBUF_LIMIT:
+            data = output.parent / (output.name + ".data")
+            temps.append(_temp_beside(data))
+            with open(temps[-1], "wb") as sink:
+                _externalize_all(model, sink, data.name, base_dir, deferred)
+                written = sink.tell()
+            pieces = _Pieces()
+            pieces.add(model.SerializeToString())
+        temps.append(_temp_beside(output))
+        with open(temps[-1], "wb", buffering=WRITE_BUFFER) as sink:
+            pieces.write(sink)
+            written += sink.tell()
         if len(temps) == 2:
-            os.replace(temps[0], output.parent / data_name)
-        os.replace(model_temp, output)
+            os.replace(temps[0], data)
+        os.replace(temps[-1], output)
         temps.clear()
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror}") from None
@@ -136,6 +149,148 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
         for temp in temps:
             if os.path.exists(temp):
                 os.unlink(temp)
+    return written
+
+
+class _Pieces:
+    """A message's serialized form as a list of pieces: bytes, and the tensors that are
+    serialized (or converted) only as they are written; ``size`` is known before writing."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes | onnx.TensorProto | _Converted | _Pieces] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self.items.append(data)
+        self.size += len(data)
+
+    def add_field(self, number: int, item: onnx.TensorProto | _Converted | _Pieces, size: int) -> None:
+        """A length-delimited field: its key and length, then ``item`` of ``size`` bytes."""
+        self.add(_varint(number << 3 | 2) + _varint(size))
+        self.items.append(item)
+        self.size += size
+
+    def write(self, sink) -> None:
+        for item in self.items:
+            if isinstance(item, bytes):
+                sink.write(item)
+            elif isinstance(item, onnx.TensorProto):
+                sink.write(item.SerializeToString())
+            else:
+                item.write(sink)
+
+
+class _Converted:
+    """A float32 tensor written in another precision: its fields before ``raw_data``, the
+    converted values as ``raw_data``, then its fields after (the bytes that ``tensors.
+    convert_embedded`` followed by serialization would give, without changing the model)."""
+
+    __slots__ = ("tensor", "precision", "count", "head", "tail", "size")
+
+    def __init__(self, tensor: onnx.TensorProto, precision: Precision) -> None:
+        self.tensor, self.precision = tensor, precision
+        head = onnx.TensorProto()
+        head.CopyFrom(tensor)
+        head.ClearField("raw_data")
+        head.ClearField("float_data")
+        head.data_type = precision.onnx_type
+        self.tail = b""
+        fields = head.ListFields()
+        if fields[-1][0].number > _RAW_DATA:  # fields come by number: most tensors have none after raw_data
+            tail = onnx.TensorProto()
+            for field, _ in fields:
+                if field.number > _RAW_DATA:
+                    _copy_field(head, tail, field)
+                    head.ClearField(field.name)
+            self.tail = tail.SerializeToString()
+        self.count = math.prod(head.dims)
+        nbytes = self.count * precision.numpy_type.itemsize
+        self.head = head.SerializeToString() + _RAW_DATA_KEY + _varint(nbytes)
+        self.size = len(self.head) + nbytes + len(self.tail)
+
+    def write(self, sink) -> None:
+        data = float32_values(self.tensor, None).astype(self.precision.numpy_type)
+        if data.size != self.count:
+            raise UserError(f"tensor {self.tensor.name!r} holds {data.size} values, not the {self.count} of its shape")
+        sink.write(self.head)
+        sink.write(data.reshape(-1).view(np.uint8))
+        sink.write(self.tail)
+
+
+_GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+_RAW_DATA_KEY = bytes([_RAW_DATA << 3 | 2])
+
+
+def _pieces(model: onnx.ModelProto, deferred: Mapping[str, Precision]) -> _Pieces:
+    """The model's serialized form, field by field in field-number order (as protobuf writes
+    it), with the graph's initializers left as tensors."""
+    graph = model.graph
+    if unknown_fields.UnknownFieldSet(model) or unknown_fields.UnknownFieldSet(graph):
+        for tensor in graph.initializer:  # fields this protobuf does not know: let it write them all
+            if tensor.name in deferred:
+                convert_embedded(tensor, deferred[tensor.name])
+        whole = _Pieces()
+        whole.add(model.SerializeToString())
+        return whole
+    body = _Pieces()
+    for field, value in graph.ListFields():
+        if field.number == _INITIALIZER:
+            for tensor in value:
+                precision = deferred.get(tensor.name)
+                item = tensor if precision is None else _Converted(tensor, precision)
+                body.add_field(field.number, item, tensor.ByteSize() if precision is None else item.size)
+        else:
+            body.add(_field_bytes(graph, field))
+    pieces = _Pieces()
+    for field, _ in model.ListFields():
+        if field.number == _GRAPH:
+            pieces.add_field(field.number, body, body.size)
+        else:
+            pieces.add(_field_bytes(model, field))
+    return pieces
+
+
+def _field_bytes(message, field) -> bytes:
+    """One field of ``message`` as protobuf serializes it (repeated messages item by item:
+    cheaper than copying them)."""
+    if _is_repeated(field) and field.message_type is not None:
+        key = _varint(field.number << 3 | 2)
+        items = [item.SerializeToString() for item in getattr(message, field.name)]
+        return b"".join(key + _varint(len(b)) + b for b in items)
+    shell = type(message)()
+    _copy_field(message, shell, field)
+    return shell.SerializeToString()
+
+
+def _copy_field(source, target, field) -> None:
+    value = getattr(source, field.name)
+    if _is_repeated(field):
+        getattr(target, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(target, field.name).CopyFrom(value)
+    else:
+        setattr(target, field.name, value)
+
+
+def _is_repeated(field) -> bool:
+    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 encoding of a non-negative integer, low groups first."""
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([n]) for n in range(0x80)]
 
 
 def _temp_beside(path: Path) -> str:
@@ -147,10 +302,23 @@ def _temp_beside(path: Path) -> str:
     return name
 
 
-def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir) -> None:
+def _externalize_all(model: onnx.ModelProto, sink, location: str, base_dir, deferred: Mapping[str, Precision]) -> None:
+    graphs = iter_graphs(model.graph)
+    for tensor in next(graphs).initializer:
+        _externalize(tensor, sink, location, base_dir, deferred.get(tensor.name))
+    for graph in graphs:  # subgraphs: ``deferred`` names top-level initializers only
+        for tensor in graph.initializer:
+            _externalize(tensor, sink, location, base_dir, None)
+
+
+def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precision: Precision | None) -> None:
+    """Move the tensor's data to ``sink`` (converted to ``precision`` when given, or when InsertCasts
+    marked it); an embedded tensor under ``EXTERNAL_THRESHOLD`` bytes stays (converted) in the model."""
     info = external_location(tensor)
     offset = sink.tell()
     if info is None:
+        if precision is not None:
+            convert_embedded(tensor, precision)
         if len(tensor.raw_data) < EXTERNAL_THRESHOLD:
             return
         sink.write(tensor.raw_data)

@@ -44,6 +44,15 @@ def read_array(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> 
     return array.reshape(tuple(tensor.dims))
 
 
+def convert_embedded(tensor: onnx.TensorProto, precision: Precision) -> None:
+    """Convert a float32 tensor held in the model to ``precision`` in place: its values become
+    ``raw_data`` of the new type; its name, shape and other fields stay."""
+    data = read_array(tensor, None).astype(precision.numpy_type)
+    tensor.ClearField("float_data")
+    tensor.data_type = precision.onnx_type
+    tensor.raw_data = data.tobytes()
+
+
 @dataclass(frozen=True)
 class Fit:
     """Whether float32 values survive conversion to a low precision, and why not."""
@@ -54,55 +63,72 @@ class Fit:
 
 
 def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
-    return next(judge_fits([array], precision, underflow_share))
+    """``judge_tensors`` for one array."""
+    return _judge_flat(np.array(array, dtype=np.float32).reshape(-1), [array.size], precision, underflow_share)[0]
 
 
-BATCH_ELEMENTS = 1 << 22
+BATCH_ELEMENTS = 1 << 20
 """Small tensors are judged together, in batches of about this many elements."""
 
 
-def judge_fits(arrays: Iterable[np.ndarray], precision: Precision, underflow_share: float) -> Iterator[Fit]:
-    """Overflow: any finite |x| above the type's max. Underflow: the values that round
-    to zero carry more than ``underflow_share`` of the tensor's L2 norm (a lone
-    epsilon of 1e-12 loses all of it; a few tiny weights among normal ones, nothing).
-    Arrays are consumed lazily and judged in batches with segmented reductions: one
-    numpy pass for thousands of small tensors, bounded memory for large ones."""
-    batch: list[np.ndarray] = []
+def judge_tensors(tensors: Iterable[onnx.TensorProto], base_dir: str | os.PathLike | None, precision: Precision,
+                  underflow_share: float) -> Iterator[Fit]:
+    """Whether each float32 tensor fits ``precision``. Overflow: any finite |x| above the
+    type's max. Underflow: the values that round to zero carry more than ``underflow_share``
+    of the tensor's L2 norm (a lone epsilon of 1e-12 loses all of it; a few tiny weights
+    among normal ones, nothing). Tensors are read lazily and judged in batches with
+    segmented reductions: one numpy pass for thousands of small tensors, bounded memory
+    for large ones."""
+    chunks: list[np.ndarray] = []
+    sizes: list[int] = []
     count = 0
-    for array in arrays:
-        batch.append(array)
-        count += array.size
+    for tensor in tensors:
+        data = float32_values(tensor, base_dir)
+        chunks.append(data)
+        sizes.append(data.size)
+        count += sizes[-1]
         if count >= BATCH_ELEMENTS:
-            yield from _judge_batch(batch, precision, underflow_share)
-            batch, count = [], 0
-    if batch:
-        yield from _judge_batch(batch, precision, underflow_share)
+            yield from _judge_flat(np.concatenate(chunks), sizes, precision, underflow_share)
+            chunks, sizes, count = [], [], 0
+    if chunks:
+        yield from _judge_flat(np.concatenate(chunks), sizes, precision, underflow_share)
 
 
-def _judge_batch(arrays: list[np.ndarray], precision: Precision, underflow_share: float) -> list[Fit]:
-    sizes = np.array([a.size for a in arrays])
-    present = [a.ravel() for a in arrays if a.size]
-    if not present:
-        return [Fit(0.0, 0.0, None) for _ in arrays]
-    flat = np.abs(present[0] if len(present) == 1 else np.concatenate(present))
-    finite = np.isfinite(flat)
-    if not finite.all():
-        flat[~finite] = 0  # inf/nan stay inf/nan in any float type; judge the rest
-    starts = np.concatenate([[0], np.cumsum(sizes[sizes > 0])[:-1]])
-    maxima = np.maximum.reduceat(flat, starts).astype(np.float64)
-    tiny = (flat < precision.smallest_subnormal / 2) & (flat > 0)
+def float32_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> np.ndarray:
+    """A float32 tensor's values, flat (embedded raw data without the copies and reshape of ``read_array``)."""
+    if tensor.data_type == onnx.TensorProto.FLOAT and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        raw = tensor.raw_data
+        if raw:
+            return np.frombuffer(raw, dtype=np.float32)
+    return np.ravel(read_array(tensor, base_dir)).astype(np.float32, copy=False)
+
+
+def _judge_flat(flat: np.ndarray, sizes: list[int], precision: Precision, underflow_share: float) -> list[Fit]:
+    """Judge the tensors of ``sizes`` elements laid end to end in ``flat`` (which is overwritten)."""
+    if not flat.size:
+        return [Fit(0.0, 0.0, None) for _ in sizes]
+    np.abs(flat, out=flat)
+    starts = np.concatenate([[0], np.cumsum([n for n in sizes if n])[:-1]])
+    maxima = np.maximum.reduceat(flat, starts)
+    if not np.isfinite(maxima).all():  # a NaN or inf in some tensor: stays so in any float type; judge the rest
+        flat[~np.isfinite(flat)] = 0
+        maxima = np.maximum.reduceat(flat, starts)
     lost = np.zeros(len(starts))
-    if tiny.any():  # squares in float64 only when something can flush to zero
-        squares = np.square(flat, dtype=np.float64)
-        lost = np.sqrt(np.add.reduceat(np.where(tiny, squares, 0.0), starts)
-                       / np.maximum(np.add.reduceat(squares, starts), np.finfo(np.float64).tiny))
-    judged = iter(zip(maxima.tolist(), lost.tolist()))
+    tiny = np.flatnonzero((flat < precision.smallest_subnormal / 2) & (flat > 0))
+    # Squares in float64 only for the tensors where something can flush to zero.
+    for segment in np.unique(np.searchsorted(starts, tiny, side="right") - 1).tolist():
+        part = flat[starts[segment]:starts[segment + 1] if segment + 1 < len(starts) else len(flat)]
+        squares = np.square(part, dtype=np.float64)
+        flushed = np.add.reduceat(np.where(part < precision.smallest_subnormal / 2, squares, 0.0), [0])[0]
+        lost[segment] = np.sqrt(flushed / max(np.add.reduceat(squares, [0])[0], np.finfo(np.float64).tiny))
+    judged = iter(zip(maxima.astype(np.float64).tolist(), lost.tolist()))
     fits = []
+    limit = precision.max
     for size in sizes:
         max_abs, share = next(judged) if size else (0.0, 0.0)
         problem = None
-        if max_abs > precision.max:
-            problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {precision.max:.6g}"
+        if max_abs > limit:
+            problem = f"values up to {max_abs:.3g}, beyond {precision.value}'s {limit:.6g}"
         elif share > underflow_share:
             problem = f"{share:.0%} of its magnitude in values that flush to zero in {precision.value}"
         fits.append(Fit(max_abs, share, problem))

@@ -61,26 +61,34 @@ class Analysis:
     def is_float(self, value: Value) -> bool:
         return value.elem_type == FLOAT
 
+    def is_offline(self, value: Value) -> bool:
+        """Whether ``value`` is an initializer or a Constant's output."""
+        if value.source == INITIALIZER:
+            return True
+        if value.producer is None:
+            return False
+        node = self.index.nodes[value.producer[0]]
+        return node.op_type == "Constant" and node.domain == ""
+
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""
-        if value.source == INITIALIZER:
+        if self.is_offline(value):
             return OFFLINE
         if value.source == GRAPH_INPUT:
             return self.io_color if value.key[0] == 0 else Color.FP32
         node_id, index = value.producer
-        node = self.index.nodes[node_id]
-        if node.op_type == "Constant" and node.domain == "":
-            return OFFLINE
         slots = self.slots.get(node_id)
         if slots is not None and index in slots.outputs:
-            return self.coloring.color(node_id) or Color.FP32
+            decision = self.coloring.decisions.get(node_id)
+            return (decision.color if decision else None) or Color.FP32
         return Color.FP32
 
     def use_color(self, node_id: int, index: int) -> Color:
         """The precision a node reads its input ``index`` in."""
         slots = self.slots.get(node_id)
         if slots is not None and index in slots.inputs:
-            return self.coloring.color(node_id) or Color.FP32
+            decision = self.coloring.decisions.get(node_id)
+            return (decision.color if decision else None) or Color.FP32
         return Color.FP32
 
     def output_color(self, graph_id: int) -> Color:
@@ -88,15 +96,16 @@ class Analysis:
 
     def slot_readers(self, value: Value) -> list[tuple[int, int]]:
         """The (node, input index) uses of ``value`` at convertible slots of candidates."""
-        return [(n, i) for n, i in value.uses if n in self.slots and i in self.slots[n].inputs]
+        slots = self.slots
+        return [(n, i) for n, i in value.uses if (s := slots.get(n)) is not None and i in s.inputs]
 
     def slot_values(self, node_id: int):
         """(is_input, index, value) for each convertible slot of a candidate node."""
-        node, slots = self.index.nodes[node_id], self.slots[node_id]
+        node, slots, values = self.index.nodes[node_id], self.slots[node_id], self.index.values
         for i in slots.inputs:
-            yield True, i, self.index.values[node.inputs[i]]
+            yield True, i, values[node.inputs[i]]
         for i in slots.outputs:
-            yield False, i, self.index.values[node.outputs[i]]
+            yield False, i, values[node.outputs[i]]
 
 
 class ColorPass(Protocol):

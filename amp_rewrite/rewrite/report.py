@@ -18,7 +18,7 @@ class Summarized(Protocol):
     def summary(self) -> str: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeDecision:
     node: str
     op_type: str
@@ -105,11 +105,12 @@ def _tally(pairs) -> dict[str, dict[str, int]]:
 
 def build_report(analysis: Analysis, stats: RewriteStats | None) -> Report:
     options, index = analysis.options, analysis.index
+    shown = {Color.LOW: Color.LOW.value, Color.FP32: Color.FP32.value, None: Color.FP32.value}
     decisions = []
     for node_id, decision in sorted(analysis.coloring.decisions.items()):
         node = index.nodes[node_id]
-        color = (decision.color or Color.FP32).value
-        decisions.append(NodeDecision(node.label, node.op_type, decision.op_class, color, decision.reason))
+        decisions.append(NodeDecision(node.label, node.op_type, decision.op_class, shown[decision.color],
+                                      decision.reason))
     by_class = _tally((d.op_class, d.precision) for d in decisions)
     by_op = _tally((d.op_type, d.precision) for d in decisions)
     stats = stats or RewriteStats()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -16,7 +17,7 @@ from amp_rewrite.ir.tensors import external_location
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY
-from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.workflows.validate import convert_validated
 
@@ -52,20 +53,26 @@ def convert(model, output=None, options=None, **kwargs):
         options = (options or ConvertOptions(**kwargs)).validated()
     except TypeError as exc:
         raise UserError(str(exc)) from None
+    with gc_paused():
+        return _convert(model, output, options)
+
+
+def _convert(model, output, options: ConvertOptions):
     started = time.perf_counter()
     proto, base_dir, kind = _load(model, output)
-    bytes_before = _model_bytes(model, proto) if kind == "path" else proto.ByteSize()
+    bytes_before = None if kind == "path" else proto.ByteSize()
     validation = None
     if options.validate:
         proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
     else:
-        analysis, stats = rewrite(proto, options, base_dir)
+        # A path's output is saved here: its initializers are converted as they are written.
+        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path")
     _record_decisions(proto, analysis)
     report = build_report(analysis, stats)
     report.validation = validation
     if kind == "path":
-        io.save(proto, output, base_dir)
-        report.bytes_before, report.bytes_after = bytes_before, _model_bytes(output, None)
+        report.bytes_before = _stored_bytes(model, analysis.index.initializers.values())
+        report.bytes_after = io.save(proto, output, base_dir, stats.deferred)
         result = output
     elif kind == "ir":
         import onnx_ir as ir
@@ -99,9 +106,8 @@ def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
     proto.metadata_props.add(key=RECORD_KEY, value=json.dumps(kept, sort_keys=True))
 
 
-def _model_bytes(path, proto) -> int:
+def _stored_bytes(path, tensors: Iterable[onnx.TensorProto]) -> int:
+    """The size of the model file at ``path`` and of the external data files that ``tensors`` name."""
     path = Path(path)
-    total = path.stat().st_size
-    model = proto if proto is not None else onnx.load(os.fspath(path), load_external_data=False)
-    files = {info["location"] for t in io.initializers(model) if (info := external_location(t))}
-    return total + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())
+    files = {info["location"] for t in tensors if (info := external_location(t))}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())

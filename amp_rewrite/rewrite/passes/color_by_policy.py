@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import node_key
+from amp_rewrite.policy.classes import OpClass
 from amp_rewrite.policy.kernels import kernel_table
 from amp_rewrite.policy.oplists import ALLOW, DENY
 from amp_rewrite.rewrite.analysis import Analysis
@@ -19,29 +20,34 @@ class ColorByPolicy:
     """
 
     def run(self, analysis: Analysis) -> None:
-        options, index = analysis.options, analysis.index
+        options, index, coloring = analysis.options, analysis.index, analysis.coloring
         table = kernel_table(options.provider) if options.provider else None
+        user = any((options.keep_fp32_nodes, options.keep_fp32_ops, options.force_low_nodes, options.force_low_ops))
+        precision = analysis.precision.value
         unknown: set[str] = set()
+        classes: dict[tuple[str, str], OpClass | None] = {}
         for node_id, slots in analysis.slots.items():
             node = index.nodes[node_id]
-            op_class = analysis.policy.classify(node.domain, node.op_type)
-            analysis.coloring.add(node_id, op_class.name if op_class else "unknown")
-            self._user(analysis, node_id)
+            op = (node.domain, node.op_type)
+            op_class = classes[op] if op in classes else classes.setdefault(op, analysis.policy.classify(*op))
+            coloring.add(node_id, op_class.name if op_class else "unknown")
+            if user:
+                self._user(analysis, node_id)
             if table is not None and not table.supports(
-                node.domain, node.op_type, index.opset(node), analysis.precision.value, slots.params
+                node.domain, node.op_type, index.opset(node), precision, slots.params
             ):
-                analysis.coloring.fix(node_id, Color.FP32, f"{options.provider} has no {analysis.precision.value} "
-                                      f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)
+                coloring.fix(node_id, Color.FP32, f"{options.provider} has no {precision} "
+                             f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)
             if op_class is None:
                 op_name = node.qualified_op
                 unknown.add(op_name)
                 analysis.unknown_ops[op_name] += 1
-                analysis.coloring.fix(node_id, Color.FP32, f"{op_name} is not in the op lists; kept float32 "
-                                      f"(unknown_ops={options.unknown_ops})", Priority.POLICY)
+                coloring.fix(node_id, Color.FP32, f"{op_name} is not in the op lists; kept float32 "
+                             f"(unknown_ops={options.unknown_ops})", Priority.POLICY)
             elif op_class.name == ALLOW:
-                analysis.coloring.fix(node_id, Color.LOW, f"allow: {op_class.reason}", Priority.POLICY)
+                coloring.fix(node_id, Color.LOW, f"allow: {op_class.reason}", Priority.POLICY)
             elif op_class.name == DENY:
-                analysis.coloring.fix(node_id, Color.FP32, f"deny: {op_class.reason}", Priority.POLICY)
+                coloring.fix(node_id, Color.FP32, f"deny: {op_class.reason}", Priority.POLICY)
         unknown.update(op for op in analysis.unknown_ops if "." in op)
         if unknown and options.unknown_ops == "error":
             raise UserError(f"ops not in the precision lists: {', '.join(sorted(unknown))} "

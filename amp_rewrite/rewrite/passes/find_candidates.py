@@ -19,35 +19,63 @@ class FindCandidates:
     """
 
     def run(self, analysis: Analysis) -> None:
-        index = analysis.index
-        for node in index.nodes:
-            key = (node.domain, node.op_type)
-            if key in CONTROL_FLOW or key == ("", "Constant"):
+        # Nodes of one op with the same inputs and outputs present share their eligible parameters,
+        # and nodes whose slots agree share one Slots: a transformer has a few dozen kinds of node.
+        self._eligible: dict[tuple, _Eligible | None] = {}
+        self._shared: dict[_Eligible, Slots] = {}
+        for node in analysis.index.nodes:
+            op = (node.domain, node.op_type)
+            if op in CONTROL_FLOW or op == ("", "Constant"):
                 continue
             slots = self._slots(analysis, node)
             if slots is not None:
                 analysis.slots[node.id] = slots
 
     def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
-        index, values = analysis.index, analysis.index.values
-        eligible = _eligible_params(
-            node.domain, node.op_type, index.opset(node), tuple(k is not None for k in node.inputs),
-            tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
-            frozenset(analysis.policy.keep_fp32_params(node.domain, node.op_type)))
+        values = analysis.index.values
+        eligible = self._eligible_for(analysis, node)
         if eligible is None:
             if any(k is not None and values[k].elem_type == FLOAT for k in (*node.inputs, *node.outputs)):
                 analysis.unknown_ops[node.qualified_op] += 1
             return None
-        params, inputs, outputs = [], [], []
-        for param, ins, outs in eligible:
-            if all(values[node.inputs[i]].elem_type == FLOAT for i in ins) and \
-                    all(values[node.outputs[i]].elem_type == FLOAT for i in outs):
-                params.append(param)
-                inputs.extend(ins)
-                outputs.extend(outs)
-        if not params or ((node.domain, node.op_type) in RETYPED_BY_ATTRIBUTE and not outputs):
+        chosen = _float_params(values, node, eligible)
+        if not chosen or ((node.domain, node.op_type) in RETYPED_BY_ATTRIBUTE and not any(e[2] for e in chosen)):
             return None  # nothing to convert, or an attribute fixes a non-float output type
-        return Slots(frozenset(inputs), frozenset(outputs), frozenset(params))
+        slots = self._shared.get(chosen)
+        if slots is None:
+            slots = self._shared[chosen] = Slots(frozenset(i for e in chosen for i in e[1]),
+                                                 frozenset(i for e in chosen for i in e[2]),
+                                                 frozenset(e[0] for e in chosen))
+        return slots
+
+    def _eligible_for(self, analysis: Analysis, node: Node) -> _Eligible | None:
+        if None in node.inputs or None in node.outputs:
+            kind = (node.domain, node.op_type, tuple(k is not None for k in node.inputs),
+                    tuple(k is not None for k in node.outputs))
+        else:
+            kind = (node.domain, node.op_type, len(node.inputs), len(node.outputs))
+        if kind not in self._eligible:
+            self._eligible[kind] = _eligible_params(
+                node.domain, node.op_type, analysis.index.opset(node), tuple(k is not None for k in node.inputs),
+                tuple(k is not None for k in node.outputs), analysis.precision.schema_type,
+                frozenset(analysis.policy.keep_fp32_params(node.domain, node.op_type)))
+        return self._eligible[kind]
+
+
+def _float_params(values, node: Node, eligible: _Eligible) -> _Eligible:
+    """The eligible parameters bound to float32 at every slot of ``node``."""
+    chosen = []
+    for e in eligible:  # loops, not all() over generators: this runs for every slot of every node
+        for i in e[1]:
+            if values[node.inputs[i]].elem_type != FLOAT:
+                break
+        else:
+            for i in e[2]:
+                if values[node.outputs[i]].elem_type != FLOAT:
+                    break
+            else:
+                chosen.append(e)
+    return eligible if len(chosen) == len(eligible) else tuple(chosen)
 
 
 _Eligible = tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -11,7 +11,8 @@ from onnx import AttributeProto, helper, numpy_helper
 
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value
-from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, external_location, read_array
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, convert_embedded, external_location, read_array
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
@@ -23,6 +24,9 @@ class RewriteStats:
     initializers_converted: int = 0
     initializer_copies: int = 0
     constants_converted: int = 0
+    deferred: dict[str, Precision] = field(default_factory=dict)
+    """Top-level initializers still float32 in memory, to be converted as they are saved
+    (``InsertCasts(defer=True)``; pass them to ``io.save``)."""
 
 
 class InsertCasts:
@@ -32,7 +36,14 @@ class InsertCasts:
     casts; constants are converted once, offline, with a copy per precision only when
     both are read; low nodes with attribute-typed outputs are retyped; graph outputs keep
     their names and declared types; value_info entries agree with the new types.
+
+    ``defer``: leave the data of embedded top-level initializers float32 and list them in
+    ``RewriteStats.deferred``, for ``io.save`` to convert one at a time as it writes them
+    (the model is complete only once saved so).
     """
+
+    def __init__(self, defer: bool = False) -> None:
+        self.defer = defer
 
     def run(self, analysis: Analysis) -> RewriteStats:
         self.analysis = analysis
@@ -44,9 +55,8 @@ class InsertCasts:
         self.names = Names({name for _, name in index.values} | {n.proto.name for n in index.nodes})
         self.builder = GraphBuilder(self.names, index.opsets.get("", _newest_opset(index.model)))
         self.infos = _value_infos(analysis)
-        for value in list(analysis.index.all_values()):
-            if analysis.is_float(value):
-                self._rewrite_value(value)
+        for value in [v for v in index.all_values() if analysis.is_float(v)]:
+            self._rewrite_value(value)
         for node_id, decision in analysis.coloring.decisions.items():
             if decision.color is Color.LOW:
                 _retype_attribute(analysis.index.nodes[node_id], self.low, analysis)
@@ -58,16 +68,19 @@ class InsertCasts:
     # -- per value ---------------------------------------------------------------------------
     def _needs(self, value: Value) -> dict[Color, list[tuple[int, int]]]:
         needs: dict[Color, list[tuple[int, int]]] = defaultdict(list)
-        for node_id, i in value.uses:
-            needs[self.analysis.use_color(node_id, i)].append((node_id, i))
+        use_color = self.analysis.use_color
+        for use in value.uses:
+            needs[use_color(*use)].append(use)
         return needs
 
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
         produced = analysis.producer_color(value)
-        if produced is Color.FP32 and not value.output_of and all(
-                analysis.use_color(n, i) is Color.FP32 for n, i in value.uses):
-            return  # float32 in, float32 out: the common case in float32 regions, nothing to do
+        if produced != OFFLINE and not value.output_of and all(
+                analysis.use_color(n, i) is produced for n, i in value.uses):
+            if produced is Color.LOW:
+                self._set_type(value.key[0], value.name, self.low)
+            return  # read as it is made: the common case inside a region of one precision, no cast
         needs = self._needs(value)
         output_color = {analysis.output_color(g) for g in value.output_of}
         if produced == OFFLINE:
@@ -127,7 +140,7 @@ class InsertCasts:
                 tensor, self.stats.initializer_copies = copy, self.stats.initializer_copies + 1
             else:
                 self._set_type(value.key[0], value.name, self.low)
-            self._convert_tensor(tensor)
+            self._convert_tensor(tensor, value.key[0])
             self.stats.initializers_converted += 1
             return
         producer = self.analysis.index.producer_node(value)
@@ -148,14 +161,14 @@ class InsertCasts:
         for node_id, i in uses:
             self.analysis.index.nodes[node_id].proto.input[i] = name
 
-    def _convert_tensor(self, tensor: onnx.TensorProto) -> None:
+    def _convert_tensor(self, tensor: onnx.TensorProto, graph_id: int) -> None:
         if external_location(tensor) is not None:
             tensor.external_data.add(key=SOURCE_TYPE_KEY, value=str(tensor.data_type))
             tensor.data_type = self.low
-            return
-        converted = self._converted(tensor)
-        tensor.Clear()
-        tensor.CopyFrom(converted)
+        elif self.defer and graph_id == 0:
+            self.stats.deferred[tensor.name] = self.analysis.precision
+        else:
+            convert_embedded(tensor, self.analysis.precision)
 
     def _converted(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         array = read_array(tensor, self.analysis.base_dir)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 
 from amp_rewrite.ir.graph import INITIALIZER
-from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_fits, read_array
-from amp_rewrite.rewrite.analysis import OFFLINE, Analysis
+from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
+from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 
 
@@ -20,14 +20,16 @@ class KeepUnfitConstants:
     def run(self, analysis: Analysis) -> None:
         index, options = analysis.index, analysis.options
         pending = []
+        decisions = analysis.coloring.decisions
         for value in index.all_values():
-            if not analysis.is_float(value) or analysis.producer_color(value) != OFFLINE:
+            if not analysis.is_float(value) or not analysis.is_offline(value):
                 continue
-            readers = [(n, i) for n, i in analysis.slot_readers(value) if analysis.coloring.color(n) != Color.FP32]
+            readers = [(n, i) for n, i in analysis.slot_readers(value) if decisions[n].color is not Color.FP32]
             if readers:
                 pending.append((value, readers))
-        arrays = (read_array(_tensor_of(analysis, value), analysis.base_dir) for value, _ in pending)
-        for (value, readers), fit in zip(pending, judge_fits(arrays, analysis.precision, options.underflow_share)):
+        tensors = (_tensor_of(analysis, value) for value, _ in pending)
+        for (value, readers), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
+                                                                options.underflow_share)):
             if fit.problem is None:
                 continue
             kind = "initializer" if value.source == INITIALIZER else "Constant"

@@ -1,0 +1,117 @@
+"""Saving: the streamed writer gives protobuf's own bytes, converts deferred tensors as it
+writes them, and leaves nothing behind when it fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from amp_rewrite import ConvertOptions, UserError, convert
+from amp_rewrite.ir import io
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.ir.tensors import convert_embedded
+from models import builders
+
+SAMPLES = {name: build() for name, build in builders.SAMPLES.items()}
+
+
+def _model(sample) -> onnx.ModelProto:
+    return sample[0] if isinstance(sample, tuple) else sample
+
+
+def _decorated() -> onnx.ModelProto:
+    """The transformer with the fields a plain model lacks: metadata, a doc string, a tensor
+    stored as float_data, and tensors with fields after raw_data (doc_string, data_location)."""
+    model = builders.transformer(blocks=2)
+    model.doc_string = "a model"
+    model.metadata_props.add(key="k", value="v")
+    model.graph.doc_string = "a graph"
+    weights = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    weights[0].doc_string = "documented"
+    weights[1].data_location = onnx.TensorProto.DEFAULT
+    values = numpy_helper.to_array(weights[2])
+    weights[2].ClearField("raw_data")
+    weights[2].float_data.extend(values.ravel().tolist())
+    return model
+
+
+@pytest.mark.parametrize("name", [*SAMPLES, "decorated"])
+def test_streamed_file_is_protobufs_own_serialization(name: str, tmp_path: Path) -> None:
+    model = _decorated() if name == "decorated" else _model(SAMPLES[name])
+    written = io.save(model, tmp_path / "m.onnx", None)
+    data = (tmp_path / "m.onnx").read_bytes()
+    assert data == model.SerializeToString()
+    assert written == len(data)
+
+
+@pytest.mark.parametrize("precision", list(Precision))
+def test_deferred_tensors_are_written_as_converting_them_in_place_would(precision: Precision, tmp_path: Path) -> None:
+    model = _decorated()
+    deferred = {t.name: precision for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    before = model.SerializeToString()
+    io.save(model, tmp_path / "m.onnx", None, deferred)
+    assert model.SerializeToString() == before, "saving changed the model"
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    for tensor in expected.graph.initializer:
+        if tensor.name in deferred:
+            convert_embedded(tensor, precision)
+    assert (tmp_path / "m.onnx").read_bytes() == expected.SerializeToString()
+    loaded = onnx.load(tmp_path / "m.onnx")
+    onnx.checker.check_model(loaded)  # not full: the graph still reads these weights as float32
+    weight = next(t for t in loaded.graph.initializer if t.name == model.graph.initializer[2].name)
+    original = numpy_helper.to_array(model.graph.initializer[2])
+    assert weight.data_type == precision.onnx_type and weight.doc_string == model.graph.initializer[2].doc_string
+    np.testing.assert_array_equal(numpy_helper.to_array(weight).astype(np.float32),
+                                  original.astype(precision.numpy_type).astype(np.float32))
+
+
+@pytest.mark.parametrize("options", [{}, dict(precision="bfloat16", keep_io_types=False)])
+def test_path_output_equals_in_memory_output(options: dict, tmp_path: Path) -> None:
+    """A path's initializers are converted while saving; the file is what the in-memory
+    conversion serializes to, and the report counts the bytes on disk."""
+    source = tmp_path / "t.onnx"
+    onnx.save(builders.transformer(blocks=3, with_mask=True), source)
+    in_memory, _ = convert(onnx.load(source), **options)
+    out, report = convert(source, tmp_path / "t.mixed.onnx", ConvertOptions(**options))
+    assert Path(out).read_bytes() == in_memory.SerializeToString()
+    assert report.bytes_after == Path(out).stat().st_size and report.bytes_before == source.stat().st_size
+
+
+def test_model_over_the_protobuf_limit_goes_to_external_data_converted(tmp_path: Path, monkeypatch) -> None:
+    model = builders.transformer(blocks=2)
+    deferred = {t.name: Precision.FLOAT16 for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    expected = onnx.ModelProto()
+    expected.CopyFrom(model)
+    for tensor in expected.graph.initializer:
+        if tensor.name in deferred:
+            convert_embedded(tensor, Precision.FLOAT16)
+    monkeypatch.setattr(io, "PROTOBUF_LIMIT", 1000)
+    written = io.save(model, tmp_path / "m.onnx", None, deferred)
+    data = tmp_path / "m.onnx.data"
+    assert data.stat().st_size > 0 and written == data.stat().st_size + (tmp_path / "m.onnx").stat().st_size
+    loaded = onnx.load(tmp_path / "m.onnx")
+    onnx.checker.check_model(str(tmp_path / "m.onnx"))
+    for got, want in zip(loaded.graph.initializer, expected.graph.initializer):
+        assert got.data_type == want.data_type
+        np.testing.assert_array_equal(numpy_helper.to_array(got), numpy_helper.to_array(want))
+
+
+def test_failed_save_leaves_no_partial_output(tmp_path: Path) -> None:
+    model = builders.transformer(blocks=2)
+    broken = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+    broken.raw_data = broken.raw_data[:-4]  # one value short of its shape
+    with pytest.raises(UserError, match=broken.name):
+        io.save(model, tmp_path / "m.onnx", None, {broken.name: Precision.FLOAT16})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fields_this_protobuf_does_not_know_are_kept(tmp_path: Path) -> None:
+    model = onnx.ModelProto()
+    model.ParseFromString(builders.mlp().SerializeToString() + b"\xf8\x07\x05")  # field 127, varint 5
+    io.save(model, tmp_path / "m.onnx", None)
+    assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
