@@ -188,7 +188,7 @@ def write_results(rows) -> None:
               "| model | amp-rewrite | no range check | s / 1k nodes | s / 1k nodes, no check | "
               "memory / target | memory / target, no check |", "|---|---:|---:|---:|---:|---:|---:|"]
     breakdown = ["Seconds by stage, from amp-rewrite's report (`stages`); the rest of the wall time is "
-                 "Python's start-up and imports.", "",
+                 "Python's start-up, imports and the report.", "",
                  "| model | tool | load | analysis | range check | rewrite | save | wall |",
                  "|---|---|---:|---:|---:|---:|---:|---:|"]
     by_model: dict[str, dict[str, Run]] = {}

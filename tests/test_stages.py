@@ -54,3 +54,20 @@ def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages()
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
     measured = stages.measure(m, {"y": (0, "y")}, {}, [{"x": x}], THRESHOLD, None, lambda text: None)
     assert measured[(0, "y")].max_abs == pytest.approx(2 * np.abs(np.maximum(x, 0)).max())
+
+
+def test_the_later_half_runs_in_a_second_process_with_the_same_statistics(monkeypatch) -> None:
+    """With the values' types known ahead, the later stages' sessions are made in a second
+    child process while the first half runs; a type known wrongly ahead is made again."""
+    m = transformer(blocks=2, with_mask=True)
+    monkeypatch.setattr(stages, "STAGE_NODES", 9)
+    keys = [k for k in instrument.float_values(m) if k[0] == 0]
+    data = samples.generate(m, 1, seed=3)
+    types = {name: onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None) for _, name in keys}
+    wrong = dict(types, **{next(iter(types)): onnx.helper.make_tensor_type_proto(onnx.TensorProto.INT64, None)})
+    top = {name: (0, name) for _, name in keys}
+    expected = _at_once(m, keys, data)
+    for given in (types, wrong):
+        steps: list[str] = []
+        assert stages.measure(m, top, {}, data, THRESHOLD, None, steps.append, given) == expected
+        assert any(step.startswith("running stages ") for step in steps)

@@ -42,6 +42,8 @@ class Analysis:
     """Nodes kept float32 because a constant they read does not fit the target type."""
     notes: list[str] = field(default_factory=list)
     range_check: str = "not run"
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds by pipeline step (the index, each pass), as ``analyze`` and ``rewrite`` timed them."""
     measured_fp32: dict[str, str] = field(default_factory=dict)
     measured: dict | None = None
     """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges

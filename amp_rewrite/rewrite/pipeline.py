@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Iterator
 
 import onnx
@@ -26,9 +27,13 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     ``measured``: value statistics from an earlier run, used instead of running the model."""
     options = (options or ConvertOptions()).validated()
     with gc_paused():
+        started = time.perf_counter()
         analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured)
+        analysis.seconds["ModelIndex"] = time.perf_counter() - started
         for step in ANALYSIS:
+            started = time.perf_counter()
             step().run(analysis)
+            analysis.seconds[step.__name__] = time.perf_counter() - started
     return analysis
 
 
@@ -38,7 +43,10 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
     top-level initializers to ``io.save`` (see ``InsertCasts``)."""
     with gc_paused():
         analysis = analyze(proto, options, base_dir, measured)
-        return analysis, InsertCasts(defer).run(analysis)
+        started = time.perf_counter()
+        stats = InsertCasts(defer).run(analysis)
+        analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
+        return analysis, stats
 
 
 @contextlib.contextmanager

@@ -49,6 +49,8 @@ class Report:
     bytes_before: int | None = None
     bytes_after: int | None = None
     seconds: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds by stage: load, analysis, range check, rewrite, save (the parts ``convert`` timed)."""
     notes: list[str] = field(default_factory=list)
     decisions: list[NodeDecision] = field(default_factory=list)
     validation: Summarized | None = None
@@ -79,7 +81,8 @@ class Report:
         lines.extend(f"  {note}" for note in self.notes)
         if self.validation is not None:
             lines.extend("  " + line for line in self.validation.summary().splitlines())
-        lines.append(f"  time: {self.seconds:.2f} s")
+        breakdown = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.stages.items())
+        lines.append(f"  time: {self.seconds:.2f} s" + (f" ({breakdown})" if breakdown else ""))
         return "\n".join(lines)
 
 

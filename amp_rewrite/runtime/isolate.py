@@ -1,9 +1,10 @@
 """Running native code (ONNX Runtime) where a crash or a hang cannot take the caller down.
 
 ``isolated(work, what)`` runs ``work`` in a forked child process and returns what it
-returns. A Python exception in the child comes back as the same exception; a crash
-(a segfault in ONNX Runtime, the out-of-memory killer) or a run past ``timeout``
-becomes one :class:`UserError` that says which step was running, taken from the last
+returns (``start`` is the same, for work that the caller feeds data while it runs). A
+Python exception in the child comes back as the same exception; a crash (a segfault in
+ONNX Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
+:class:`UserError` that says which step was running, taken from the last
 ``progress(text)`` the work reported. The child inherits the caller's memory, so
 models and samples are not copied; only the result crosses back, pickled.
 
@@ -12,6 +13,7 @@ Where ``fork`` is not offered (Windows), the work runs in the calling process.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import multiprocessing
 import os
@@ -35,40 +37,71 @@ class NativeFailure(UserError):
 
 def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> T:
     """``work(progress)`` in a child process; ``what`` names the work in error messages."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    if not FORKS:
         return work(lambda text: None)
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(work, sender), daemon=True)
-    child.start()
-    sender.close()
-    step = "starting"
-    try:
-        while True:
-            if not receiver.poll(timeout):
-                raise NativeFailure(f"{what} did not finish within {timeout:g} s (while {step}); stopped it")
-            try:
-                kind, payload = receiver.recv()
-            except EOFError:
-                child.join()
-                raise NativeFailure(f"{what} crashed ({_death(child.exitcode)}) while {step}") from None
-            if kind == _PROGRESS:
-                step = payload
-            elif kind == _RAISED:
-                raise payload
-            else:
-                return payload
-    finally:
-        receiver.close()
-        if child.is_alive():
-            child.kill()
-        child.join()
+    return start(lambda progress, receive: work(progress), what, timeout).result()
 
 
-def _child(work: Callable[[Progress], T], sender) -> None:
+FORKS = "fork" in multiprocessing.get_all_start_methods()
+"""Whether work can run in a forked child (``start`` needs it; ``isolated`` runs in-process without)."""
+
+
+class Started:
+    """Work running in a child process: send it data, then wait for its result."""
+
+    def __init__(self, work: Callable[[Progress, Callable[[], object]], T], what: str,
+                 timeout: float | None) -> None:
+        context = multiprocessing.get_context("fork")
+        self.what, self.timeout, self.step = what, timeout, "starting"
+        self.receiver, child_sender = context.Pipe(duplex=False)
+        child_receiver, self.sender = context.Pipe(duplex=False)
+        self.child = context.Process(target=_child, args=(work, child_sender, child_receiver))
+        self.child.start()
+        child_sender.close()
+        child_receiver.close()
+
+    def send(self, data: object) -> None:
+        """Hand ``data`` to the work's ``receive()``."""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: ``result`` says why
+            self.sender.send(data)
+
+    def result(self) -> T:
+        try:
+            while True:
+                if not self.receiver.poll(self.timeout):
+                    raise NativeFailure(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
+                                        f"stopped it")
+                try:
+                    kind, payload = self.receiver.recv()
+                except EOFError:
+                    self.child.join()
+                    raise NativeFailure(f"{self.what} crashed ({_death(self.child.exitcode)}) while "
+                                        f"{self.step}") from None
+                if kind == _PROGRESS:
+                    self.step = payload
+                elif kind == _RAISED:
+                    raise payload
+                else:
+                    return payload
+        finally:
+            self.receiver.close()
+            self.sender.close()
+            if self.child.is_alive():
+                self.child.kill()
+            self.child.join()
+
+
+def start(work: Callable[[Progress, Callable[[], object]], T], what: str,
+          timeout: float | None = DEFAULT_TIMEOUT) -> Started:
+    """``work(progress, receive)`` started in a forked child (``FORKS`` must hold): ``receive()``
+    waits for what the caller ``send``s; the caller collects the result with ``result()``."""
+    return Started(work, what, timeout)
+
+
+def _child(work: Callable[[Progress, Callable[[], object]], T], sender, receiver) -> None:
     faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
     try:
-        result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
+        result = (_OK, work(lambda text: sender.send((_PROGRESS, text)), receiver.recv))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it
         result = (_RAISED, exc)
     try:

@@ -9,15 +9,18 @@ holds every exposed value at once. ``measure`` therefore
 - cuts them, in the graph's order, into stages of at most ``STAGE_NODES`` nodes
   (nested nodes counted), each run as its own model, with buffer reuse off;
 - feeds each stage the values earlier stages computed, reduces the watched values it
-  returns to ``ValueStats`` at once, and keeps only what later stages read.
+  returns to ``ValueStats`` at once, and keeps only what later stages read;
+- runs the later half of the stages in a second process that creates its sessions while
+  the first half runs (two cores share the session creation).
 
 Memory holds one stage's values plus the values crossing into later stages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,10 +30,10 @@ from onnx import helper
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import ValueStats
-from amp_rewrite.runtime.isolate import Progress
+from amp_rewrite.runtime.isolate import FORKS, Progress, start
 from amp_rewrite.runtime.samples import Sample
 
-STAGE_NODES = 4000
+STAGE_NODES = 10000
 """Nodes per stage: small enough that session creation stays linear, large enough that
 the per-session overhead does not show."""
 
@@ -48,12 +51,15 @@ class Stage:
     """Values it returns: those watched, and those later stages read."""
     done: list[str] = field(default_factory=list)
     """Values no stage after this one reads."""
+    size: int = 0
+    """Nodes, nested ones included."""
 
 
-def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int = STAGE_NODES) -> list[Stage]:
+def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
     """The stages that compute ``watched`` (top-level value names) of ``graph``."""
     nodes = graph.node
-    reads = [names_read([n]) if _has_subgraph(n) else {i for i in n.input if i} for n in nodes]
+    nested = [_nested_nodes(n) for n in nodes]
+    reads = [names_read([n]) if nested[p] else {i for i in n.input if i} for p, n in enumerate(nodes)]
     needed = set(watched)
     kept = []
     for position in range(len(nodes) - 1, -1, -1):
@@ -61,15 +67,17 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int = STAGE_NOD
             kept.append(position)
             needed |= reads[position]
     kept.reverse()
+    stage_nodes = stage_nodes or STAGE_NODES
     stages: list[Stage] = []
     count = 0
     for position in kept:
-        size = _size(nodes[position])
+        size = 1 + nested[position]
         if not stages or count + size > stage_nodes:
             stages.append(Stage(position, position, []))
             count = 0
         stages[-1].nodes.append(position)
         stages[-1].stop = position + 1
+        stages[-1].size += size
         count += size
     weights = {t.name for t in graph.initializer}
     last_read: dict[str, int] = {}
@@ -89,41 +97,114 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int = STAGE_NOD
 
 def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
             data: Sequence[Sample], threshold: float, base_dir: str | os.PathLike | None,
-            progress: Progress) -> dict[ValueKey, ValueStats]:
+            progress: Progress, types: Mapping[str, onnx.TypeProto] | None = None) -> dict[ValueKey, ValueStats]:
     """Statistics of the ``top`` values (output name -> value) and of the statistics rows that
-    ``instrument.expose`` carried out (``stats``), over every sample of ``data``."""
-    weights = {t.name: t for t in model.graph.initializer}
+    ``instrument.expose`` carried out (``stats``), over every sample of ``data``.
+
+    With ``types`` (the types of top-level values) and more than one stage, the later half
+    of the stages runs in a second child process, which creates its sessions while this
+    one runs the first half: session creation, the larger part of the cost, on two cores."""
+    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, threshold, base_dir)
     live = [dict(sample) for sample in data]
-    measured: dict[ValueKey, ValueStats] = {}
-    stages = plan(model.graph, set(top) | set(stats))
-    for number, stage in enumerate(stages, 1):
-        first = model.graph.node[stage.nodes[0]]
-        where = (f"stage {number} of {len(stages)} (nodes {stage.start}-{stage.stop - 1}, from "
-                 f"{first.op_type} {first.name or first.output[0]!r})")
-        progress(f"creating the session for {where}")
-        session = instrument.session(_stage_model(model, stage, live[0], weights), base_dir, reuse_memory=False)
-        progress(f"running {where}")
-        for values in live:
-            results = instrument.run(session, {n: values[n] for n in stage.reads}, stage.outputs)
-            for name, array in results.items():
-                found = (ValueStats.of(array, threshold) if name in top
-                         else ValueStats.of_rows(array) if name in stats else None)
-                if found is not None:
-                    key = top.get(name) or stats[name]
-                    measured[key] = measured[key].merged(found) if key in measured else found
-            for name in stage.done:
-                values.pop(name, None)
-            values.update(results)
-        del session
-    return measured
+    split = _halfway(runs.stages) if types is not None and FORKS else len(runs.stages)
+    later = None
+    if split < len(runs.stages):
+        known = {**types, **{name: _type_of(value) for name, value in live[0].items()}}
+        later = start(lambda report, receive: runs.second_half(split, known, receive, report),
+                      "onnxruntime (range check, second half)")
+    runs.run(range(split), live, {}, progress)
+    if later is not None:
+        progress(f"running stages {split + 1}-{len(runs.stages)} of {len(runs.stages)}")
+        wanted = runs.reads_from(split)
+        later.send([{name: value for name, value in values.items() if name in wanted} for values in live])
+        for key, found in later.result().items():
+            runs.add(key, found)
+    return runs.measured
 
 
-def _stage_model(model: onnx.ModelProto, stage: Stage, values: Sample,
+class _Runs:
+    """The stages of one measurement, and what they measured so far."""
+
+    def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey],
+                 stats: Mapping[str, ValueKey], threshold: float, base_dir) -> None:
+        self.model, self.stages, self.top, self.stats = model, stages, top, stats
+        self.threshold, self.base_dir = threshold, base_dir
+        self.weights = {t.name: t for t in model.graph.initializer}
+        self.measured: dict[ValueKey, ValueStats] = {}
+
+    def where(self, number: int) -> str:
+        stage = self.stages[number]
+        first = self.model.graph.node[stage.nodes[0]]
+        return (f"stage {number + 1} of {len(self.stages)} (nodes {stage.start}-{stage.stop - 1}, from "
+                f"{first.op_type} {first.name or first.output[0]!r})")
+
+    def session(self, number: int, types: Mapping[str, onnx.TypeProto]):
+        model = _stage_model(self.model, self.stages[number], types, self.weights)
+        return instrument.session(model, self.base_dir, reuse_memory=False)
+
+    def run(self, numbers: Iterable[int], live: list[Sample], sessions: dict, progress: Progress) -> None:
+        """Run the stages ``numbers`` on every sample's ``live`` values (sessions made ahead or now)."""
+        for number in numbers:
+            stage = self.stages[number]
+            session = sessions.pop(number, None)
+            if session is None:
+                progress(f"creating the session for {self.where(number)}")
+                session = self.session(number, {name: _type_of(live[0][name]) for name in stage.reads})
+            progress(f"running {self.where(number)}")
+            for values in live:
+                results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
+                for name, array in results.items():
+                    if name in self.top:
+                        self.add(self.top[name], ValueStats.of(array, self.threshold))
+                    elif name in self.stats:
+                        self.add(self.stats[name], ValueStats.of_rows(array))
+                for name in stage.done:
+                    values.pop(name, None)
+                values.update(results)
+            del session
+
+    def second_half(self, split: int, types: Mapping[str, onnx.TypeProto], receive, progress: Progress) -> dict:
+        """In the second child: create the sessions of stages ``split`` on (those whose input
+        types are known), then run them on the values the first half hands over."""
+        sessions = {}
+        for number in range(split, len(self.stages)):
+            if all(name in types for name in self.stages[number].reads):
+                progress(f"creating the session for {self.where(number)}")
+                with contextlib.suppress(Exception):  # a type known ahead was wrong: made again from the values
+                    sessions[number] = self.session(number, types)
+        self.run(range(split, len(self.stages)), receive(), sessions, progress)
+        return self.measured
+
+    def reads_from(self, split: int) -> set[str]:
+        """Values that stages ``split`` on read and do not compute themselves."""
+        wanted: set[str] = set()
+        made: set[str] = set()
+        for stage in self.stages[split:]:
+            wanted |= set(stage.reads) - made
+            made |= set(stage.outputs)
+        return wanted
+
+    def add(self, key: ValueKey, found: ValueStats) -> None:
+        self.measured[key] = self.measured[key].merged(found) if key in self.measured else found
+
+
+def _halfway(stages: list[Stage]) -> int:
+    """The first stage of the later half, by node count (len(stages) when there is one stage)."""
+    total = sum(stage.size for stage in stages)
+    count = 0
+    for number, stage in enumerate(stages):
+        if count and count + stage.size / 2 >= total / 2:
+            return number
+        count += stage.size
+    return len(stages)
+
+
+def _stage_model(model: onnx.ModelProto, stage: Stage, types: Mapping[str, onnx.TypeProto],
                  weights: Mapping[str, onnx.TensorProto]) -> onnx.ModelProto:
     graph = onnx.GraphProto(name=f"stage_{stage.start}")
     graph.node.extend(model.graph.node[p] for p in stage.nodes)
     graph.initializer.extend(weights[n] for n in stage.weights)
-    graph.input.extend(_value_info(n, values[n]) for n in stage.reads)
+    graph.input.extend(onnx.ValueInfoProto(name=n, type=types[n]) for n in stage.reads)
     if model.ir_version < 4:  # initializers must be listed as inputs too
         graph.input.extend(helper.make_tensor_value_info(n, weights[n].data_type, weights[n].dims)
                            for n in stage.weights)
@@ -134,16 +215,16 @@ def _stage_model(model: onnx.ModelProto, stage: Stage, values: Sample,
     return stage_model
 
 
-def _value_info(name: str, value) -> onnx.ValueInfoProto:
-    if isinstance(value, list):  # a sequence
+def _type_of(value) -> onnx.TypeProto:
+    """The type of a run's value: a tensor, or a sequence of tensors (a list)."""
+    if isinstance(value, list):
         elem = helper.np_dtype_to_tensor_dtype(value[0].dtype) if value else onnx.TensorProto.FLOAT
-        return helper.make_tensor_sequence_value_info(name, elem, None)
-    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None)
+        return helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))
+    return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None)
 
 
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _size(node: onnx.NodeProto) -> int:
-    return 1 + sum(_size(n) for g in subgraphs(node) for n in g.node)
+def _nested_nodes(node: onnx.NodeProto) -> int:
+    """Nodes in the node's subgraphs, theirs included."""
+    if not node.attribute:
+        return 0
+    return sum(1 + _nested_nodes(n) for g in subgraphs(node) for n in g.node)

@@ -60,6 +60,7 @@ def convert(model, output=None, options=None, **kwargs):
 def _convert(model, output, options: ConvertOptions):
     started = time.perf_counter()
     proto, base_dir, kind = _load(model, output)
+    loaded = time.perf_counter()
     bytes_before = None if kind == "path" else proto.ByteSize()
     validation = None
     if options.validate:
@@ -70,6 +71,7 @@ def _convert(model, output, options: ConvertOptions):
     _record_decisions(proto, analysis)
     report = build_report(analysis, stats)
     report.validation = validation
+    saving = time.perf_counter()
     if kind == "path":
         report.bytes_before = _stored_bytes(model, analysis.index.initializers.values())
         report.bytes_after = io.save(proto, output, base_dir, stats.deferred)
@@ -83,7 +85,17 @@ def _convert(model, output, options: ConvertOptions):
     if kind != "path":
         report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
     report.seconds = time.perf_counter() - started
+    report.stages = _stages(analysis.seconds, loaded - started, time.perf_counter() - saving)
     return result, report
+
+
+def _stages(passes: dict[str, float], load: float, save: float) -> dict[str, float]:
+    """The report's breakdown: the passes grouped as analysis, range check and rewrite."""
+    special = {"MeasureRanges": "range check", "InsertCasts": "rewrite"}
+    stages = {"load": load, "analysis": 0.0, "range check": 0.0, "rewrite": 0.0, "save": save}
+    for step, seconds in passes.items():
+        stages[special.get(step, "analysis")] += seconds
+    return {name: round(seconds, 4) for name, seconds in stages.items()}
 
 
 def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:

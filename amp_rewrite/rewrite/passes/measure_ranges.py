@@ -156,6 +156,8 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     threshold = analysis.precision.smallest_subnormal / 2
     sources = {v.key: _same_elements_source(analysis, v) for v in watched}
     keys = sorted(set(sources.values()))
+    types = {name: helper.make_tensor_type_proto(value.elem_type, None)
+             for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
 
     def work(progress):
         lifted = instrument.lift_nested(model, keys, threshold)
@@ -163,7 +165,7 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
         return samples.first_that_runs(
             itertools.chain([first], candidates),
             lambda data: stages.measure(lifted.model, top, lifted.stats, data, threshold, analysis.base_dir,
-                                        progress))
+                                        progress, types))
 
     description, measured = isolated(work, "onnxruntime (range check)")
     if description:
