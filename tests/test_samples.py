@@ -229,3 +229,15 @@ def test_a_loop_carried_value_keeps_its_initial_shape_for_the_reshape_after_the_
     first = next(iter(samples.attempts(m)))
     assert first[1][0]["x"].size == 2
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_reshape_with_minus_one_makes_the_count_a_multiple_of_the_fixed_extents() -> None:
+    """[batch, seq] reshaped to [-1, 3] runs only when batch x seq is a multiple of 3: 8x8,
+    1x1, 2x2 and 4x4 all fail; the guess batch=1, seq=3 runs (found by fuzzing)."""
+    m = model("""(float[batch,seq] y) => (float[?,3] r) { [allow1] a = Mul(y, w) \n [r1] r = Reshape(a, shape) }""",
+              {"w": np.array(1e5, np.float32), "shape": np.array([-1, 3], np.int64)})
+    m.graph.output[0].type.tensor_type.ClearField("shape")
+    texts = [text for text, _ in samples.attempts(m)]
+    assert texts[0] == "batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1', guessed)"
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured")

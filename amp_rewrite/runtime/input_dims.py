@@ -19,6 +19,7 @@ Each binding names the node or value that implied it; the first one found wins.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,22 @@ class _Rules:
                     if isinstance(d, str):
                         self.pin(d, next(iter(fixed)), origin)
 
+    def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
+        """When guessing: ``dims`` must hold a multiple of the fixed ``factors``' product; the
+        last name of ``dims`` not yet bound makes up what the fixed extents lack (others 1)."""
+        extents = [self.extent(d) for d in (*dims, *factors)]
+        if not self.guessing or any(d is None for d in extents) or any(not isinstance(self.extent(f), int)
+                                                                        for f in factors):
+            return
+        needed = math.prod(int(self.extent(f)) for f in factors)
+        have = math.prod(e for e in map(self.extent, dims) if isinstance(e, int))
+        unknown = [d for d in dims if isinstance(self.extent(d), str)]
+        if not unknown or needed <= 0 or have <= 0 or have % needed == 0:
+            return
+        for name in unknown[:-1]:
+            self.pin(name, 1, f"{origin}, guessed")
+        self.pin(unknown[-1], needed // math.gcd(needed, have), f"{origin}, guessed")
+
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown."""
         fixed, named = [1, 1], [Counter(), Counter()]
@@ -170,13 +187,16 @@ class _Rules:
 
 def _reshape(rules: _Rules, node: Node) -> None:
     data, target = rules.shape(node.inputs[0]), rules.constant(node.inputs[1] if len(node.inputs) > 1 else None)
-    if data is None or target is None or (target < 0).any():
-        return  # a -1 fits any count
+    if data is None or target is None:
+        return
     allowzero = any(a.name == "allowzero" and a.i for a in node.proto.attribute)
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
     result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
-    rules.same_count(data, result, f"Reshape {node.label!r}")
+    if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
+        rules.multiple_of(data, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
+    else:
+        rules.same_count(data, result, f"Reshape {node.label!r}")
 
 
 def _broadcast(rules: _Rules, node: Node) -> None:
