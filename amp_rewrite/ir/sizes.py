@@ -51,7 +51,7 @@ class ValueSizes:
 
     def _infer(self) -> dict[int, dict[str, onnx.ValueInfoProto]]:
         """Inferred value infos by graph id and name (read lazily: most values never need one)."""
-        light = _without_weights(self.index.model)
+        light = without_weights(self.index.model)
         try:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
@@ -64,7 +64,7 @@ class ValueSizes:
                 for graph_id, proto in graphs.items()}
 
 
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with its large top-level initializers declared as inputs: inference needs
     their shapes, not their bytes, and serializing the bytes costs more than inferring."""
     light = onnx.ModelProto()

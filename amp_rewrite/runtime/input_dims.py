@@ -8,13 +8,15 @@ carries the inputs' dimension names through elementwise ops, MatMul and their li
 graph (If and Loop bodies included); then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree, which gives the one
-  input dimension left unknown;
+  input dimension left unknown (with -1, the count is a multiple of the fixed extents);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
   dimensions that must be equal (Concat's off its axis, MatMul's contracted one).
 
-Each binding names the node or value that implied it; the first one found wins.
+Each binding names the node or value that implied it; the first one found wins. When names
+are still unbound after that, the rules run again guessing: a count that several names share
+goes to the last of them, the others 1 (marked "guessed").
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import onnx
 from onnx import defs, numpy_helper
 
 from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
-from amp_rewrite.ir.sizes import _without_weights, iter_graphs
+from amp_rewrite.ir.sizes import iter_graphs, without_weights
 from amp_rewrite.ir.tensors import constant_tensor
 
 Dim = int | str | None
@@ -147,18 +149,22 @@ class _Rules:
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
         """When guessing: ``dims`` must hold a multiple of the fixed ``factors``' product; the
         last name of ``dims`` not yet bound makes up what the fixed extents lack (others 1)."""
-        extents = [self.extent(d) for d in (*dims, *factors)]
-        if not self.guessing or any(d is None for d in extents) or any(not isinstance(self.extent(f), int)
-                                                                        for f in factors):
+        extents = [self.extent(d) for d in dims]
+        factors = [self.extent(f) for f in factors]
+        if not self.guessing or None in extents or not all(isinstance(f, int) for f in factors):
             return
-        needed = math.prod(int(self.extent(f)) for f in factors)
-        have = math.prod(e for e in map(self.extent, dims) if isinstance(e, int))
-        unknown = [d for d in dims if isinstance(self.extent(d), str)]
-        if not unknown or needed <= 0 or have <= 0 or have % needed == 0:
-            return
-        for name in unknown[:-1]:
+        needed = math.prod(factors)
+        have = math.prod(e for e in extents if isinstance(e, int))
+        unknown = [e for e in extents if isinstance(e, str)]
+        if unknown and needed > 0 and have > 0 and have % needed:
+            self.split(unknown, needed // math.gcd(needed, have), origin, last_guessed=True)
+
+    def split(self, names: Sequence[str], extent: int, origin: str, last_guessed: bool = False) -> None:
+        """``extent`` for the last of ``names`` (a guess too if ``last_guessed``), 1 (guessed) for
+        the others."""
+        for name in names[:-1]:
             self.pin(name, 1, f"{origin}, guessed")
-        self.pin(unknown[-1], needed // math.gcd(needed, have), f"{origin}, guessed")
+        self.pin(names[-1], extent, f"{origin}, guessed" if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown."""
@@ -180,9 +186,7 @@ class _Rules:
             return
         side = sides.pop()
         if fixed[1 - side] % fixed[side] == 0:
-            for _, name, _ in unknown[:-1]:
-                self.pin(name, 1, f"{origin}, guessed")
-            self.pin(unknown[-1][1], fixed[1 - side] // fixed[side], origin)
+            self.split([name for _, name, _ in unknown], fixed[1 - side] // fixed[side], origin)
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
@@ -242,7 +246,7 @@ _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]]) -> onnx.ModelProto:
     """A copy without weights' bytes and with no declared shape but the inputs', whose
     unnamed dimensions get their binding names: what inference concludes from the inputs alone."""
-    light = _without_weights(model)
+    light = without_weights(model)
     for graph in iter_graphs(light.graph):
         del graph.value_info[:]
         for info in graph.output:

@@ -1,7 +1,7 @@
 """Running native code (ONNX Runtime) where a crash or a hang cannot take the caller down.
 
 ``isolated(work, what)`` runs ``work`` in a forked child process and returns what it
-returns (``start`` is the same, for work that the caller feeds data while it runs). A
+returns (``Started`` is the same, for work that the caller feeds data while it runs). A
 Python exception in the child comes back as the same exception; a crash (a segfault in
 ONNX Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 :class:`UserError` that says which step was running, taken from the last
@@ -29,6 +29,8 @@ Progress = Callable[[str], None]
 DEFAULT_TIMEOUT = 900.0
 """Seconds a piece of isolated work may run before it is taken for a hang."""
 _OK, _RAISED, _PROGRESS = "ok", "raised", "progress"
+FORKS = "fork" in multiprocessing.get_all_start_methods()
+"""Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
 
 
 class NativeFailure(UserError):
@@ -39,18 +41,15 @@ def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = D
     """``work(progress)`` in a child process; ``what`` names the work in error messages."""
     if not FORKS:
         return work(lambda text: None)
-    return start(lambda progress, receive: work(progress), what, timeout).result()
-
-
-FORKS = "fork" in multiprocessing.get_all_start_methods()
-"""Whether work can run in a forked child (``start`` needs it; ``isolated`` runs in-process without)."""
+    return Started(lambda progress, receive: work(progress), what, timeout).result()
 
 
 class Started:
-    """Work running in a child process: send it data, then wait for its result."""
+    """``work(progress, receive)`` running in a forked child (``FORKS`` must hold): ``receive()``
+    there waits for what the caller ``send``s; the caller collects the result with ``result()``."""
 
     def __init__(self, work: Callable[[Progress, Callable[[], object]], T], what: str,
-                 timeout: float | None) -> None:
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
         context = multiprocessing.get_context("fork")
         self.what, self.timeout, self.step = what, timeout, "starting"
         self.receiver, child_sender = context.Pipe(duplex=False)
@@ -89,13 +88,6 @@ class Started:
             if self.child.is_alive():
                 self.child.kill()
             self.child.join()
-
-
-def start(work: Callable[[Progress, Callable[[], object]], T], what: str,
-          timeout: float | None = DEFAULT_TIMEOUT) -> Started:
-    """``work(progress, receive)`` started in a forked child (``FORKS`` must hold): ``receive()``
-    waits for what the caller ``send``s; the caller collects the result with ``result()``."""
-    return Started(work, what, timeout)
 
 
 def _child(work: Callable[[Progress, Callable[[], object]], T], sender, receiver) -> None:

@@ -30,7 +30,7 @@ from onnx import helper
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import ValueStats
-from amp_rewrite.runtime.isolate import FORKS, Progress, start
+from amp_rewrite.runtime.isolate import FORKS, Progress, Started
 from amp_rewrite.runtime.samples import Sample
 
 STAGE_NODES = 10000
@@ -110,8 +110,8 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
     later = None
     if split < len(runs.stages):
         known = {**types, **{name: _type_of(value) for name, value in live[0].items()}}
-        later = start(lambda report, receive: runs.second_half(split, known, receive, report),
-                      "onnxruntime (range check, second half)")
+        later = Started(lambda report, receive: runs.second_half(split, known, receive, report),
+                        "onnxruntime (range check, second half)")
     runs.run(range(split), live, {}, progress)
     if later is not None:
         progress(f"running stages {split + 1}-{len(runs.stages)} of {len(runs.stages)}")
