@@ -8,12 +8,12 @@ import sys
 from collections.abc import Sequence
 
 from amp_rewrite import __version__
-from amp_rewrite.cli import check, convert, grad, inspect, train, train_graph
+from amp_rewrite.cli import bench, check, convert, grad, inspect, train, train_graph
 from amp_rewrite.cli.common import EXIT_INTERNAL, EXIT_USER_ERROR, Parser
 from amp_rewrite.errors import UserError
 
 SUBCOMMANDS = {"convert": convert, "inspect": inspect, "check": check, "grad": grad, "train-graph": train_graph,
-               "train": train}
+               "train": train, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

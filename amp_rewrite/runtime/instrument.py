@@ -197,26 +197,36 @@ class _StatBuilder:
         return carried, owner.graph
 
 
+OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
+"""ONNX Runtime's graph optimization levels by the names ``session`` takes."""
+
+
 def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
-            provider: str = "CPUExecutionProvider", optimize: bool = False, reuse_memory: bool = True):
+            provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
+            provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None):
     """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
-    start); external data is read from ``base_dir``. ``reuse_memory=False`` skips ONNX
-    Runtime's buffer-reuse planning, whose time grows faster than linearly with the node count
-    (minutes for 20k nodes), at the price of holding every intermediate value to the end of a run."""
+    start); external data is read from ``base_dir``. ``optimize`` is a key of OPTIMIZATION (the
+    graph rewrites ONNX Runtime may do). ``reuse_memory=False`` skips ONNX Runtime's
+    buffer-reuse planning, whose time grows faster than linearly with the node count (minutes
+    for 20k nodes), at the price of holding every intermediate value to the end of a run.
+    ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file)."""
     import onnxruntime as ort
 
     if provider not in ort.get_available_providers():
         raise UserError(f"{provider} is not available in this onnxruntime "
                         f"(available: {', '.join(ort.get_available_providers())})")
     options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION[optimize])
     options.log_severity_level = 4
     options.enable_mem_reuse = reuse_memory
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     if base_dir:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          os.fspath(base_dir))
-    created = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
+    created = ort.InferenceSession(model.SerializeToString(), options, providers=[provider],
+                                   provider_options=[dict(provider_options or {})])
     if provider not in created.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
         raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
                         f"the session got {', '.join(created.get_providers())}")
