@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 EXTRAS := $(if $(filter none,$(ORT)),test,$(ORT),test)
 STAMP := $(VENV)/.installed-$(ORT)
 
-.PHONY: install demo test fuzz bench lint clean
+.PHONY: install demo test fuzz bench gpu-bench lint clean
 
 install: $(STAMP)
 
@@ -51,3 +51,7 @@ bench: install
 
 clean:
 	rm -rf $(VENV) out benchmarks/work
+
+# Issue 10's GPU figures (needs onnxruntime-gpu and a GPU; `--quick --provider CPUExecutionProvider` tries it on a CPU).
+gpu-bench: install
+	$(PY) benchmarks/gpu_bench.py

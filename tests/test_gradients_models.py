@@ -13,8 +13,8 @@ import pytest
 from amp_rewrite.runtime import samples
 from amp_rewrite.training import gradient_model
 from models import builders
+from models.light import LIGHT, feed, randomize_weights
 from tests.gradcheck import directional_check, spread_weights, with_loss
-from tests.test_light_models import LIGHT, _feed, randomize_weights
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("path", LIGHT, ids=lambda p: os.path.basename(p).removeprefix("light_").removesuffix(".onnx"))
 def test_light_model_gradients(path: str) -> None:
     model = randomize_weights(onnx.load(path))
-    feeds = _feed(model)
+    feeds = feed(model)
     model = with_loss(model, feeds)
     directional_check(model, feeds, spread_weights(model))
 

@@ -10,74 +10,27 @@ and its outputs match float32's.
 
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 from amp_rewrite import convert
+from amp_rewrite.runtime import instrument
+from models.light import LIGHT, feed, randomize_weights, with_batch
 from tests.node_suite import evaluate
 
-LIGHT = sorted(glob.glob(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/*.onnx")))
 REL_TOLERANCE = 2e-2
 """Max |mixed - fp32| relative to the output's largest magnitude, after 20-100 float16 layers."""
 
 
-def _data_input(model: onnx.ModelProto) -> onnx.ValueInfoProto:
-    weights = {t.name for t in model.graph.initializer}
-    return next(i for i in model.graph.input if i.name not in weights)
-
-
-def _feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    info = _data_input(model)
-    shape = [d.dim_value for d in info.type.tensor_type.shape.dim]
-    return {info.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-
-
-def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
-    """Replace the constant weights (ConstantOfShape fills, or initializers) by random ones:
-    He-initialised conv/matmul weights, BatchNorm scale and variance near 1, small biases."""
-    rng = np.random.default_rng(seed)
-    roles = {}
-    for node in model.graph.node:
-        if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.input) > 1:
-            transposed = any(a.name == "transB" and a.i for a in node.attribute)
-            roles[node.input[1]] = "weight_t" if transposed else "weight"
-        if node.op_type == "BatchNormalization":
-            roles.update({node.input[1]: "ones", node.input[4]: "ones"})
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    shapes = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
-    fills = [n for n in out.graph.node if n.op_type == "ConstantOfShape" and n.input[0] in shapes]
-    for node in fills:
-        out.graph.node.remove(node)
-        shape = [int(d) for d in shapes[node.input[0]]]
-        out.graph.initializer.append(numpy_helper.from_array(np.zeros(shape, np.float32), node.output[0]))
-        if out.ir_version < 4:  # initializers must also be graph inputs
-            out.graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, shape))
-    for tensor in out.graph.initializer:
-        if tensor.data_type != onnx.TensorProto.FLOAT:
-            continue
-        shape = tuple(tensor.dims)
-        role = roles.get(tensor.name)
-        if role in ("weight", "weight_t"):
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 2 or role == "weight_t" else shape[0]
-            values = rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))
-        elif role == "ones":
-            values = 1.0 + 0.1 * np.abs(rng.standard_normal(shape))
-        else:
-            values = 0.01 * rng.standard_normal(shape)
-        tensor.CopyFrom(numpy_helper.from_array(values.astype(np.float32), tensor.name))
-    return out
 
 
 def _compare(original: onnx.ModelProto, mixed: onnx.ModelProto) -> tuple[float, bool]:
     """Relative max error of the mixed model against the float32 one, both run by onnx's
     reference evaluator (true float16 arithmetic), and whether NaN/Inf appeared."""
-    feeds = _feed(original)
+    feeds = feed(original)
     want = np.asarray(evaluate(original, feeds)[0], np.float64)
     got = np.asarray(evaluate(mixed, feeds)[0], np.float64)
     new_nonfinite = bool((~np.isfinite(got) & np.isfinite(want)).any())
@@ -108,3 +61,16 @@ def test_light_model_with_random_weights_matches_fp32(path: str) -> None:
     relative, new_nonfinite = _compare(model, mixed)
     assert not new_nonfinite
     assert relative < REL_TOLERANCE, f"relative error {relative:.3g}"
+
+
+@pytest.mark.parametrize("name", ["light_squeezenet.onnx", "light_inception_v1.onnx"])
+def test_with_batch_runs_a_fixed_batch_model_at_another_batch(name: str) -> None:
+    """inception_v1 reshapes to a constant [1, 1024]: with_batch makes that [0, 1024] (0: the input's extent)."""
+    model = randomize_weights(onnx.load(next(p for p in LIGHT if p.endswith(name))))
+    one, four = feed(model), feed(with_batch(model, 4))
+    assert next(iter(four.values())).shape[0] == 4
+    single = instrument.run(instrument.session(model), one)
+    batched = instrument.run(instrument.session(with_batch(model, 4)), {k: np.repeat(v, 4, 0) for k, v in one.items()})
+    for name_, value in single.items():
+        assert batched[name_].shape[0] == 4
+        np.testing.assert_allclose(batched[name_], np.repeat(value, 4, 0), rtol=1e-4, atol=1e-5)

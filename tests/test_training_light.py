@@ -10,7 +10,7 @@ import pytest
 
 from amp_rewrite.training import build
 from amp_rewrite.training.trainer import Trainer
-from tests.test_light_models import LIGHT, _data_input, randomize_weights
+from models.light import LIGHT, data_input, randomize_weights
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("precision", ["float32", "float16"])
 def test_light_squeezenet_loss_goes_down(precision):
     model = randomize_weights(onnx.load(next(p for p in LIGHT if "squeezenet" in p)))
-    data, output = _data_input(model), model.graph.output[0]
+    data, output = data_input(model), model.graph.output[0]
     shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
     classes_shape = [d.dim_value for d in output.type.tensor_type.shape.dim]
     step = build(model, loss="cross-entropy", output=output.name, optimizer_spec="sgd", precision=precision)

@@ -124,6 +124,8 @@ class BenchResult:
     verdict: str
     conversion: str = ""
     """The conversion's summary line when ``bench`` converted the model itself."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Mixed models that ONNX Runtime could not run, and why."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -140,6 +142,7 @@ class BenchResult:
             lines.append(f"converted with the default options: {self.conversion}")
         lines += ["  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
                   for r in (head, *rows)]
+        lines += [f"  {label}: FAILED: {why}" for label, why in self.failed.items()]
         for model in self.models:
             lines += _where_the_time_goes(model, self.profile_runs)
         if self.profile_note:
@@ -176,24 +179,38 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
 
         def timed(proto: onnx.ModelProto, base_dir: str | None, label: str, provider_options=None) -> Timing:
             fitted = [samples.checked(sample, proto) for sample in data]
-            return time_model(proto, base_dir, provider, fitted, warmup, runs, profile_runs, provider_options,
-                              what=label)
+            try:
+                return time_model(proto, base_dir, provider, fitted, warmup, runs, profile_runs, provider_options,
+                                  what=label)
+            except UserError:
+                raise
+            except Exception as exc:  # ONNX Runtime refuses the model: say which, in one line
+                raise UserError(f"ONNX Runtime cannot run {label}: {_first_line(exc)}") from None
 
         baselines = [(label, timed(original, original_dir, label, opts))
                      for label, opts in FLOAT32_BASELINES.get(provider, PLAIN_BASELINE)]
         reasons = _reasons(original, options)
         reference = baselines[0][1]
         rows = [_row(label, timing, reference) for label, timing in baselines]
+        failed = {}
         for label, proto, base_dir in candidates:
-            timing = timed(proto, base_dir, label)
+            try:
+                timing = timed(proto, base_dir, label)
+            except UserError as exc:  # one mixed model that does not run (a peer's invalid output) spoils no other
+                failed[label] = str(exc)
+                continue
             row = _row(label, timing, reference)
             _explain(row, timing.nodes, _Mixed.of(proto), reference.nodes, reasons, provider)
             rows.append(row)
-    first = rows[len(baselines)]
+    first = rows[len(baselines)] if len(rows) > len(baselines) else None
     note = ("node times come from ONNX Runtime's profiler, which on an asynchronous provider times each node's "
             "launch on the host, not its kernel: read the shares as indicative" if provider in ASYNCHRONOUS else "")
     return BenchResult(provider, reference.binding, len(data), warmup, runs, profile_runs, note, rows,
-                       f"{first.label}: {first.verdict}", conversion)
+                       f"{first.label}: {first.verdict}" if first else "no mixed model ran", conversion, failed)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _label(model, position: int) -> str:
