@@ -13,8 +13,9 @@ and precision and, for the mixed models, lists:
 - the low-precision matrix products and convolutions whose weight dimensions are not
   multiples of TENSOR_CORE_MULTIPLE, which keeps them off Tensor Cores.
 
-The verdict: a mixed model pays when it is at least PAYS times as fast as float32;
-otherwise the cause that accounts for the most time per run is named.
+The verdict: a mixed model pays when it is at least PAYS times as fast as float32 and nine
+of its runs in ten beat float32's median (else the timing is inconclusive); otherwise the
+cause that accounts for the most time per run is named.
 """
 
 from __future__ import annotations
@@ -340,10 +341,16 @@ def off_tensor_cores(node: NodeTime, input_shape) -> list[int] | None:
 
 def verdict(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fallen: set[str], provider: str,
             low: str, made: Container[str] = ()) -> str:
-    """"pays" with the speed-up, or "does not pay" with the cause that costs the most time per run.
+    """"pays" with the speed-up (when nine runs in ten beat float32's median; else "inconclusive"),
+    or "does not pay" with the cause that costs the most time per run.
     ``fallen`` names the low-precision nodes that ran in float32, ``made`` those ONNX Runtime made."""
     total = sum(n.ms for n in nodes) or 1.0
     low_ms = sum(n.ms for n in nodes if n.kind in LOW_KINDS)
+    baseline_median = row.median_ms * row.speedup
+    if row.speedup >= PAYS and row.p90_ms >= baseline_median:
+        return (f"inconclusive: {row.speedup:.2f}x float32's speed on {provider}, but a tenth of the runs or more "
+                f"were no faster than float32's median ({row.p90_ms:.3g} ms against {baseline_median:.3g} ms): "
+                "time again on an idle machine, or with more runs")
     if row.speedup >= PAYS:
         return (f"pays: {row.speedup:.2f}x float32's speed on {provider}; {low_ms / total:.0%} of the profiled "
                 f"time is in {low} kernels")
