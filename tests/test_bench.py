@@ -16,7 +16,7 @@ from test_cli import amp
 
 import amp_rewrite
 from amp_rewrite.errors import UserError
-from amp_rewrite.runtime.timing import NodeTime, node_times, time_model
+from amp_rewrite.runtime.timing import NodeTime, Timed, node_times, time_models
 from amp_rewrite.workflows.bench import ModelBench, bench, model_node, off_tensor_cores, verdict
 
 TEXT = "(float[4,16] x) => (float[4,16] y) { [mm] h = MatMul(x, w)  [act] r = Relu(h)  [sm] y = Softmax(r) }"
@@ -115,16 +115,22 @@ def test_the_verdict_names_the_cause_that_costs_the_most_time() -> None:
     assert "1 matrix products or convolutions have weight dimensions that are not multiples of 8" in text
 
 
-def test_time_model_binds_io_and_profiles_each_node_in_the_precision_it_ran() -> None:
+def test_time_models_interleaves_runs_binds_io_and_profiles_each_node_in_the_precision_it_ran() -> None:
     mixed, _ = amp_rewrite.convert(_model(), provider="CUDAExecutionProvider")
-    timing = time_model(mixed, None, "CPUExecutionProvider", [{"x": np.ones((4, 16), np.float32)}], 2, 7, 3)
-    assert len(timing.latencies_ms) == 7 and all(t > 0 for t in timing.latencies_ms)
-    assert timing.percentile(10) <= timing.percentile(50) <= timing.percentile(90)
-    assert timing.runs_per_second == pytest.approx(7000 / sum(timing.latencies_ms))
-    assert "I/O binding" in timing.binding and timing.device_memory_bytes is None
-    assert not timing.host_side_profile
-    by_name = {n.name: n for n in timing.nodes}
-    assert all(n.ms >= 0 for n in timing.nodes)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(mixed)
+    broken.graph.node[1].op_type = "NoSuchOp"
+    sample = [{"x": np.ones((4, 16), np.float32)}]
+    fp32, refused, low = time_models([Timed("fp32", _model(), None, sample), Timed("broken", broken, None, sample),
+                                      Timed("mixed", mixed, None, sample)], "CPUExecutionProvider", 2, 7, 3)
+    assert "NoSuchOp" in refused
+    for timing in (fp32, low):
+        assert len(timing.latencies_ms) == 7 and all(t > 0 for t in timing.latencies_ms)
+        assert timing.percentile(10) <= timing.percentile(50) <= timing.percentile(90)
+        assert timing.runs_per_second == pytest.approx(7000 / sum(timing.latencies_ms))
+        assert "I/O binding" in timing.binding and timing.device_memory_bytes is None
+        assert not timing.host_side_profile and all(n.ms >= 0 for n in timing.nodes)
+    by_name = {n.name: n for n in low.nodes}
     # float16 in the model; the CPU provider has no float16 MatMul, so ONNX Runtime ran it in float32
     assert (by_name["mm"].op_type, by_name["mm"].kind, by_name["mm"].input_shapes[0]) == ("MatMul", "float32", [4, 16])
 

@@ -1,13 +1,13 @@
-"""Timed runs of one model on one execution provider, and where the time goes.
+"""Timed runs of models on one execution provider, and where their time goes.
 
-``time_model`` runs a model as a serving loop does. Each sample is placed once where the
+``time_models`` runs models as a serving loop does. Each sample is placed once where the
 provider reads it (``DEVICES``: the GPU for CUDA and TensorRT, host memory for the CPU
 provider) and bound with ONNX Runtime's I/O binding, outputs included, so host copies stay
 out of the timing; a provider ONNX Runtime cannot bind to its device reads host inputs, and
 ``Timing.binding`` says so. ``warmup`` untimed runs come first, then ``runs`` timed runs
-cycling through the samples.
+cycling through the samples, interleaved across the models timed together.
 
-A second session with ONNX Runtime's profiler on runs the model ``profile_runs`` more times;
+A second session per model, with ONNX Runtime's profiler on, runs it ``profile_runs`` more times;
 its node events, summed per node and divided by the runs, are ``Timing.nodes``, each with the
 precision its inputs had (casts and device copies apart). On an asynchronous provider (CUDA)
 the profiler of a release build times each node on the host (the kernel launch), not on the
@@ -66,7 +66,8 @@ class Timing:
     nodes: list[NodeTime] = field(default_factory=list)
     host_side_profile: bool = False
     device_memory_bytes: int | None = None
-    """Device memory in use after the runs less before the session (NVML), None where not read."""
+    """Device memory in use after creating the session and the warm-up runs, less before (NVML);
+    None where not read."""
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies_ms, q))
@@ -76,50 +77,84 @@ class Timing:
         return 1000.0 * len(self.latencies_ms) / sum(self.latencies_ms)
 
 
-def time_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
-               warmup: int = 10, runs: int = 100, profile_runs: int = 10,
-               provider_options: Mapping[str, str] | None = None, what: str = "model") -> Timing:
-    """Time ``model`` on ``provider`` over ``data`` (samples already in the model's input types).
-    Unnamed nodes are named after their first output, in the child, so that the profile's names
-    are the ones ``node_key`` gives."""
+@dataclass
+class Timed:
+    """A model to time: its samples are already in the model's input types."""
 
-    device, device_id = DEVICES.get(provider, "cpu"), int((provider_options or {}).get("device_id", 0))
+    label: str
+    model: onnx.ModelProto
+    base_dir: str | None
+    data: Sequence[Sample]
+    provider_options: Mapping[str, str] | None = None
 
-    def timed_runs(session, warm: int, timed: int) -> list[float]:
-        bound = [_bind(session, sample, device, device_id) for sample in data]
-        latencies = []
-        for run in range(warm + timed):
-            binding = bound[run % len(bound)]
-            started = time.perf_counter()
-            session.run_with_iobinding(binding)
-            if run >= warm:
-                latencies.append(1000.0 * (time.perf_counter() - started))
-        return latencies
 
-    def work(progress) -> Timing:
-        _name_nodes(model)
-        memory_before = _device_memory(device, device_id)
-        progress(f"creating the {what}'s session on {provider}")
-        session = instrument.session(model, base_dir, provider, optimize="all", provider_options=provider_options)
-        progress(f"timing the {what} on {provider}")
-        timing = Timing(timed_runs(session, warmup, runs), _binding_text(provider, device),
-                        host_side_profile=provider in ASYNCHRONOUS)
-        memory_after = _device_memory(device, device_id)
-        if memory_before is not None and memory_after is not None:
-            timing.device_memory_bytes = memory_after - memory_before
-        del session
+def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: int = 100,
+                profile_runs: int = 10) -> list[Timing | str]:
+    """Time each model on ``provider``: a Timing, or the one-line reason ONNX Runtime refused it.
+
+    Every session lives in one child process and the timed runs interleave (one run of each
+    model per round, the order reversed every other round), so a change of load or clock
+    over time touches every model alike. Unnamed nodes are named after their first output, in
+    the child, so that the profile's names are the ones ``node_key`` gives."""
+    device = DEVICES.get(provider, "cpu")
+
+    def work(progress) -> list[Timing | str]:
+        live: dict[int, tuple] = {}
+        found: list[Timing | str] = []
+        for position, entry in enumerate(models):
+            progress(f"creating the session of {entry.label} on {provider}")
+            try:
+                session, bound, memory = _start(entry, provider, device, warmup)
+            except Exception as exc:  # a model ONNX Runtime refuses spoils no other
+                found.append(_first_line(exc))
+                continue
+            live[position] = (session, bound)
+            found.append(Timing([], _binding_text(provider, device), host_side_profile=provider in ASYNCHRONOUS,
+                                device_memory_bytes=memory))
+        progress(f"timing {len(live)} models on {provider}")
+        order = list(live)
+        for run in range(runs):
+            for position in order if run % 2 == 0 else order[::-1]:
+                session, bound = live[position]
+                binding = bound[run % len(bound)]
+                started = time.perf_counter()
+                session.run_with_iobinding(binding)
+                found[position].latencies_ms.append(1000.0 * (time.perf_counter() - started))
+        live.clear()
         if profile_runs > 0:
-            progress(f"profiling the {what} on {provider}")
-            with tempfile.TemporaryDirectory(prefix="amp-rewrite-profile-") as folder:
-                session = instrument.session(model, base_dir, provider, optimize="all",
-                                             provider_options=provider_options,
-                                             profile_prefix=os.path.join(folder, "profile"))
-                timed_runs(session, 1, profile_runs)  # the first run allocates: not a steady-state node time
-                with open(session.end_profiling()) as events:
-                    timing.nodes = node_times(json.load(events), skip=1)
-        return timing
+            for position in order:
+                progress(f"profiling {models[position].label} on {provider}")
+                found[position].nodes = _profile(models[position], provider, device, profile_runs)
+        return found
 
-    return isolated(work, f"onnxruntime ({what})")
+    return isolated(work, "onnxruntime (bench)")
+
+
+def _start(entry: Timed, provider: str, device: str, warmup: int, profile_prefix: str | None = None):
+    """A session with its bound samples, warmed up, and the device memory that took (or None)."""
+    _name_nodes(entry.model)
+    device_id = int((entry.provider_options or {}).get("device_id", 0))
+    before = _device_memory(device, device_id)
+    session = instrument.session(entry.model, entry.base_dir, provider, optimize="all",
+                                 provider_options=entry.provider_options, profile_prefix=profile_prefix)
+    bound = [_bind(session, sample, device, device_id) for sample in entry.data]
+    for run in range(warmup):
+        session.run_with_iobinding(bound[run % len(bound)])
+    after = _device_memory(device, device_id)
+    return session, bound, None if before is None or after is None else after - before
+
+
+def _profile(entry: Timed, provider: str, device: str, runs: int) -> list[NodeTime]:
+    with tempfile.TemporaryDirectory(prefix="amp-rewrite-profile-") as folder:
+        session, bound, _ = _start(entry, provider, device, 1, os.path.join(folder, "profile"))
+        for run in range(runs):
+            session.run_with_iobinding(bound[run % len(bound)])
+        with open(session.end_profiling()) as events:
+            return node_times(json.load(events), skip=1)  # the first run allocates: not a steady-state time
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _bind(session, sample: Sample, device: str, device_id: int):

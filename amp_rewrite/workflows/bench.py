@@ -43,7 +43,7 @@ from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY
 from amp_rewrite.rewrite.pipeline import analyze
 from amp_rewrite.runtime import samples
 from amp_rewrite.runtime.emulate import LOW_TYPES
-from amp_rewrite.runtime.timing import ASYNCHRONOUS, NodeTime, Timing, default_provider, time_model
+from amp_rewrite.runtime.timing import ASYNCHRONOUS, NodeTime, Timed, Timing, default_provider, time_models
 from amp_rewrite.workflows.convert import convert
 
 PAYS = 1.1
@@ -178,27 +178,22 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
             conversion = report.summary().splitlines()[0].removeprefix("amp-rewrite: ")
             candidates = [("amp-rewrite", *load_model(converted))]
 
-        def timed(proto: onnx.ModelProto, base_dir: str | None, label: str, provider_options=None) -> Timing:
-            fitted = [samples.checked(sample, proto) for sample in data]
-            try:
-                return time_model(proto, base_dir, provider, fitted, warmup, runs, profile_runs, provider_options,
-                                  what=label)
-            except UserError:
-                raise
-            except Exception as exc:  # ONNX Runtime refuses the model: say which, in one line
-                raise UserError(f"ONNX Runtime cannot run {label}: {_first_line(exc)}") from None
+        def timed(label: str, proto: onnx.ModelProto, base_dir: str | None, provider_options=None) -> Timed:
+            return Timed(label, proto, base_dir, [samples.checked(sample, proto) for sample in data], provider_options)
 
-        baselines = [(label, timed(original, original_dir, label, opts))
+        baselines = [timed(label, original, original_dir, opts)
                      for label, opts in FLOAT32_BASELINES.get(provider, PLAIN_BASELINE)]
+        timings = time_models([*baselines, *(timed(*c) for c in candidates)], provider, warmup, runs, profile_runs)
+        refused = next((t for t in timings[:len(baselines)] if isinstance(t, str)), None)
+        if refused:
+            raise UserError(f"ONNX Runtime cannot run the float32 model: {refused}")
         reasons = _reasons(original, options)
-        reference = baselines[0][1]
-        rows = [_row(label, timing, reference) for label, timing in baselines]
+        reference = timings[0]
+        rows = [_row(entry.label, timing, reference) for entry, timing in zip(baselines, timings)]
         failed = {}
-        for label, proto, base_dir in candidates:
-            try:
-                timing = timed(proto, base_dir, label)
-            except UserError as exc:  # one mixed model that does not run (a peer's invalid output) spoils no other
-                failed[label] = str(exc)
+        for (label, proto, _), timing in zip(candidates, timings[len(baselines):]):
+            if isinstance(timing, str):  # a mixed model ONNX Runtime refuses (a peer's invalid output)
+                failed[label] = timing
                 continue
             row = _row(label, timing, reference)
             _explain(row, timing.nodes, _Mixed.of(proto), reference.nodes, reasons, provider)
@@ -208,10 +203,6 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
             "launch on the host, not its kernel: read the shares as indicative" if provider in ASYNCHRONOUS else "")
     return BenchResult(provider, reference.binding, len(data), warmup, runs, profile_runs, note, rows,
                        f"{first.label}: {first.verdict}" if first else "no mixed model ran", conversion, failed)
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _label(model, position: int) -> str:
