@@ -1,9 +1,12 @@
 """make bench: conversion time and peak memory of amp-rewrite against the peer converters.
 
 Each conversion is a whole process (start-up, load, convert, save), timed by the
-wall clock; peak memory is its maximum resident set (GNU time, /usr/bin/time). For every
-output: Cast nodes inserted and the share of matrix FLOPs (MatMul, Gemm, Conv)
-left in low precision. Results go to benchmarks/RESULTS.md.
+wall clock. Peak memory is measured two ways: the largest resident set of any one process
+of the conversion (GNU time, /usr/bin/time), and the peak over time of the proportional set
+sizes summed over the process tree (PSS, sampled from /proc/PID/smaps_rollup every
+``SAMPLE_SECONDS``): a page that forked processes share is counted once in the sum, where each
+of their resident sets counts it whole. For every output: Cast nodes inserted and the share of
+matrix FLOPs (MatMul, Gemm, Conv) left in low precision. Results go to benchmarks/RESULTS.md.
 
     python benchmarks/run.py [--sizes 1000,5000,20000,50000] [--big-gb 2.2] [--skip-big]
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +38,8 @@ NODES: dict[str, int] = {}
 """Node count of each benchmark model, by its label."""
 MEMORY_SLACK = 200 * 2**20
 """The memory target: peak at most 1.5x the model's size plus this."""
+SAMPLE_SECONDS = 0.02
+"""How often the process tree's PSS is summed."""
 NODES_PER_BLOCK = 35
 BINDINGS = {"batch": 1, "seq": 128}
 AMP = [sys.executable, "-m", "amp_rewrite", "convert", "--quiet"]
@@ -49,7 +56,10 @@ TOOLS = {
 class Run:
     seconds: float
     peak_bytes: int
+    """The largest resident set of one process (GNU time's %M)."""
     ok: bool
+    pss_bytes: int = 0
+    """The peak over time of the summed PSS of the conversion's processes."""
     casts: int | None = None
     low_flop_share: float | None = None
     error: str = ""
@@ -58,20 +68,55 @@ class Run:
 
 
 def measure(command: list[str], timeout: float) -> Run:
-    """Wall time and peak RSS of one process. GNU time starts it from a small process: a
-    child forked straight from this one would inherit this process's RSS as its peak."""
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
+    """Wall time, peak RSS and peak summed PSS of one conversion. GNU time starts it from a
+    small process: a child forked straight from this one would inherit this process's RSS as
+    its peak."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as report, tempfile.TemporaryFile() as errors:
         started = time.perf_counter()
-        try:
-            done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return Run(timeout, 0, False, error=f"timed out after {timeout:.0f} s")
+        timer = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
+                                 stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
+        pss = 0
+        while timer.poll() is None:
+            if time.perf_counter() - started > timeout:
+                os.killpg(timer.pid, signal.SIGKILL)  # the converter and its children too
+                timer.wait()
+                return Run(timeout, 0, False, error=f"timed out after {timeout:.0f} s")
+            pss = max(pss, sum(_pss(pid) for pid in _descendants(timer.pid)))
+            time.sleep(SAMPLE_SECONDS)
         seconds = time.perf_counter() - started
         peak_kib = int(report.read().strip().splitlines()[-1])
-    error = done.stderr.decode(errors="replace").strip().splitlines()
-    ok = done.returncode == 0
-    return Run(seconds, peak_kib * 1024, ok, error="" if ok else (error[-1] if error else "failed"))
+        errors.seek(0)
+        error = errors.read().decode(errors="replace").strip().splitlines()
+    ok = timer.returncode == 0
+    return Run(seconds, peak_kib * 1024, ok, pss, error="" if ok else (error[-1] if error else "failed"))
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (GNU time's child, and that one's children, forked or not)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # gone since it was listed
+            continue
+        for thread in threads:
+            try:
+                children = [int(c) for c in Path(f"/proc/{parent}/task/{thread}/children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _pss(pid: int) -> int:
+    """Bytes of the process's proportional set size (0 once it is gone)."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0)
 
 
 def analyse_output(source: Path, output: Path, run: Run) -> None:
@@ -159,7 +204,8 @@ def main() -> None:
             for leftover in (output, Path(str(output) + ".data"), report):
                 leftover.unlink(missing_ok=True)
             rows.append((label, size, tool, run))
-            print(f"{label:34} {tool:30} {run.seconds:8.2f} s {run.peak_bytes / 2**20:8.0f} MiB "
+            print(f"{label:34} {tool:30} {run.seconds:8.2f} s {run.peak_bytes / 2**20:8.0f} MiB RSS "
+                  f"{run.pss_bytes / 2**20:8.0f} MiB PSS "
                   f"casts={run.casts} low-flops={run.low_flop_share} {run.error}", flush=True)
     write_results(rows)
 
@@ -171,22 +217,30 @@ def write_results(rows) -> None:
         f"{results.machine()}, onnx {onnx.__version__}. Produced by `make bench` (benchmarks/run.py); every "
         "figure is one run.",
         "",
-        "Time is the whole process (start-up, load, convert, save); memory is the process's peak resident set.",
+        "Time is the whole process (start-up, load, convert, save). Memory, two ways: *peak RSS* is GNU "
+        "time's maximum resident set, the largest of any one process of the conversion (amp-rewrite's range "
+        "check runs ONNX Runtime in forked child processes, and a child's resident set counts the pages it "
+        "still shares with its parent, so this overstates what the machine holds); *peak PSS* is the peak "
+        "over time of the proportional set sizes summed over the conversion's processes (sampled every "
+        f"{SAMPLE_SECONDS * 1000:.0f} ms from /proc/PID/smaps_rollup), which counts a shared page once in "
+        "all: the memory the conversion takes from the machine. For one process the two are about equal.",
         "Low FLOPs: share of MatMul/Gemm/Conv work whose output is float16 (batch 1, sequence 128).",
         "",
-        "| model | tool | seconds | peak MiB | peak / model size | casts | low FLOPs | note |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| model | tool | seconds | peak RSS MiB | peak PSS MiB | peak RSS / model size | casts | low FLOPs | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for label, size, tool, run in rows:
         share = "" if run.low_flop_share is None else f"{run.low_flop_share:.1%}"
         head.append(f"| {label} | {tool} | {run.seconds:.2f} | {run.peak_bytes / 2**20:.0f} | "
+                    f"{run.pss_bytes / 2**20:.0f} | "
                     f"{run.peak_bytes / size:.2f} | {'' if run.casts is None else run.casts} | {share} | "
                     f"{run.error} |")
     ratios = ["Speed: the faster peer's seconds over amp-rewrite's (above 1: amp-rewrite is faster); "
-              "seconds per 1k nodes for linearity; memory: peak over the target 1.5x model size + 200 MB "
-              "(at most 1 meets it).", "",
+              "seconds per 1k nodes for linearity; memory: peak RSS and peak PSS over the target 1.5x model "
+              "size + 200 MB (at most 1 meets it).", "",
               "| model | amp-rewrite | no range check | s / 1k nodes | s / 1k nodes, no check | "
-              "memory / target | memory / target, no check |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "RSS / target | PSS / target | RSS / target, no check | PSS / target, no check |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     breakdown = ["Seconds by stage, from amp-rewrite's report (`stages`); the rest of the wall time is "
                  "Python's start-up, imports and the report.", "",
                  "| model | tool | load | analysis | range check | rewrite | save | wall |",
@@ -204,11 +258,10 @@ def write_results(rows) -> None:
         peers = [r.seconds for t, r in runs.items() if not t.startswith("amp") and r.ok]
         on, off = runs["amp-rewrite"], runs["amp-rewrite (no range check)"]
         target = 1.5 * sizes[label] + MEMORY_SLACK
+        speed = [f"{min(peers) / r.seconds:.2f}x" if peers else "" for r in (on, off)]
         per_k = [f"{r.seconds / NODES[label] * 1000:.3f}" if label in NODES else "" for r in (on, off)]
-        ratios.append(f"| {label} | {min(peers) / on.seconds:.2f}x | {min(peers) / off.seconds:.2f}x | "
-                      f"{per_k[0]} | {per_k[1]} | {on.peak_bytes / target:.2f} | {off.peak_bytes / target:.2f} |"
-                      if peers else f"| {label} | | | {per_k[0]} | {per_k[1]} | {on.peak_bytes / target:.2f} | "
-                      f"{off.peak_bytes / target:.2f} |")
+        memory = [f"{b / target:.2f}" for r in (on, off) for b in (r.peak_bytes, r.pss_bytes)]
+        ratios.append(f"| {label} | {' | '.join(speed + per_k + memory)} |")
     results.write(head, {"Speed ratios (faster peer / amp-rewrite)": ratios, "Stage breakdown": breakdown})
     print("wrote benchmarks/RESULTS.md")
 

@@ -51,6 +51,7 @@ def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages()
     ops = [[m.graph.node[p].op_type for p in s.nodes] for s in plan]
     assert ops == [["Relu"], ["SequenceConstruct"], ["SequenceAt"], ["Mul"]]  # no Neg, no Exp
     assert plan[1].outputs == ["s"] and plan[2].reads == ["s"] and plan[2].done == ["s"]
+    assert plan[1].passed == ["s"] and plan[3].outputs == ["y"] and plan[3].passed == []
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
     measured = stages.measure(m, {"y": (0, "y")}, {}, [{"x": x}], THRESHOLD, None, lambda text: None)
     assert measured[(0, "y")].max_abs == pytest.approx(2 * np.abs(np.maximum(x, 0)).max())
@@ -63,11 +64,32 @@ def test_the_later_half_runs_in_a_second_process_with_the_same_statistics(monkey
     monkeypatch.setattr(stages, "STAGE_NODES", 9)
     keys = [k for k in instrument.float_values(m) if k[0] == 0]
     data = samples.generate(m, 1, seed=3)
-    types = {name: onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None) for _, name in keys}
-    wrong = dict(types, **{next(iter(types)): onnx.helper.make_tensor_type_proto(onnx.TensorProto.INT64, None)})
+    types = {name: onnx.TensorProto.FLOAT for _, name in keys}
+    wrong = dict(types, **{next(iter(types)): onnx.TensorProto.INT64})
     top = {name: (0, name) for _, name in keys}
     expected = _at_once(m, keys, data)
     for given in (types, wrong):
         steps: list[str] = []
         assert stages.measure(m, top, {}, data, THRESHOLD, None, steps.append, given) == expected
         assert any(step.startswith("running stages ") for step in steps)
+
+
+def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
+    """A watched value that no later stage reads is measured and dropped at once: the values
+    held between stages are those crossing into later ones, not every value measured so far."""
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        a = Relu(x)
+        b = Neg(a)
+        c = Exp(x)
+        y = Mul(b, c)
+    }""")
+    keys = {name: (0, name) for name in ("a", "b", "c", "y")}
+    plan = stages.plan(m.graph, set(keys), stage_nodes=1)
+    runs = stages._Runs(m, plan, keys, {}, THRESHOLD, None)
+    live = [{"x": np.ones((2, 4), np.float32)}]
+    kept = []
+    for number in range(len(plan)):
+        runs.run([number], live, {}, lambda text: None)
+        kept.append(sorted(live[0]))
+    assert kept == [["a", "x"], ["b", "x"], ["b", "c"], []]
+    assert set(runs.measured) == set(keys.values())

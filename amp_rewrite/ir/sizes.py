@@ -51,7 +51,7 @@ class ValueSizes:
 
     def _infer(self) -> dict[int, dict[str, onnx.ValueInfoProto]]:
         """Inferred value infos by graph id and name (read lazily: most values never need one)."""
-        light = without_weights(self.index.model)
+        light = without_weights(self.index.model).SerializeToString()  # the copy is gone before inference
         try:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
         except Exception:  # shape inference is a best effort: a custom op or a bad model stops it

@@ -10,6 +10,7 @@ holds every exposed value at once. ``measure`` therefore
   (nested nodes counted), each run as its own model, with buffer reuse off;
 - feeds each stage the values earlier stages computed, reduces the watched values it
   returns to ``ValueStats`` at once, and keeps only what later stages read;
+- hands what a stage freed (its session, its values) back to the system before the next;
 - runs the later half of the stages in a second process that creates its sessions while
   the first half runs (two cores share the session creation).
 
@@ -30,7 +31,7 @@ from onnx import helper
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import ValueStats
-from amp_rewrite.runtime.isolate import FORKS, Progress, Started
+from amp_rewrite.runtime.isolate import FORKS, Progress, Started, release_free_memory
 from amp_rewrite.runtime.samples import Sample
 
 STAGE_NODES = 10000
@@ -49,6 +50,8 @@ class Stage:
     weights: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
     """Values it returns: those watched, and those later stages read."""
+    passed: list[str] = field(default_factory=list)
+    """Its outputs that later stages read: the only ones kept past the stage."""
     done: list[str] = field(default_factory=list)
     """Values no stage after this one reads."""
     size: int = 0
@@ -90,33 +93,39 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
         read = set().union(*(reads[p] for p in stage.nodes)) - made
         stage.weights = sorted(read & weights)
         stage.reads = sorted(read - weights)
-        stage.outputs = sorted(o for o in made if o in watched or last_read.get(o, -1) > s)
+        stage.passed = sorted(o for o in made if last_read.get(o, -1) > s)
+        stage.outputs = sorted(set(stage.passed).union(o for o in made if o in watched))
         stage.done = sorted(n for n in stage.reads if last_read[n] == s)
     return stages
 
 
 def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
             data: Sequence[Sample], threshold: float, base_dir: str | os.PathLike | None,
-            progress: Progress, types: Mapping[str, onnx.TypeProto] | None = None) -> dict[ValueKey, ValueStats]:
+            progress: Progress, types: Mapping[str, int] | None = None) -> dict[ValueKey, ValueStats]:
     """Statistics of the ``top`` values (output name -> value) and of the statistics rows that
     ``instrument.expose`` carried out (``stats``), over every sample of ``data``.
 
-    With ``types`` (the types of top-level values) and more than one stage, the later half
-    of the stages runs in a second child process, which creates its sessions while this
-    one runs the first half: session creation, the larger part of the cost, on two cores."""
+    With ``types`` (the element types of top-level tensor values) and more than one stage,
+    the later half of the stages runs in a second child process, which creates its sessions
+    while this one runs the first half: session creation, the larger part of the cost, on two
+    cores. This process then only waits, its freed memory handed back to the system."""
     runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, threshold, base_dir)
     live = [dict(sample) for sample in data]
     split = _halfway(runs.stages) if types is not None and FORKS else len(runs.stages)
     later = None
     if split < len(runs.stages):
-        known = {**types, **{name: _type_of(value) for name, value in live[0].items()}}
+        wanted = runs.reads_from(split)
+        inputs = {name for stage in runs.stages[split:] for name in stage.reads if name in types}
+        known = {name: helper.make_tensor_type_proto(types[name], None) for name in inputs}
+        known.update((name, _type_of(value)) for name, value in live[0].items())
         later = Started(lambda report, receive: runs.second_half(split, known, receive, report),
                         "onnxruntime (range check, second half)")
     runs.run(range(split), live, {}, progress)
     if later is not None:
         progress(f"running stages {split + 1}-{len(runs.stages)} of {len(runs.stages)}")
-        wanted = runs.reads_from(split)
         later.send([{name: value for name, value in values.items() if name in wanted} for values in live])
+        del live
+        release_free_memory()
         for key, found in later.result().items():
             runs.add(key, found)
     return runs.measured
@@ -160,8 +169,9 @@ class _Runs:
                         self.add(self.stats[name], ValueStats.of_rows(array))
                 for name in stage.done:
                     values.pop(name, None)
-                values.update(results)
+                values.update((name, results[name]) for name in stage.passed)
             del session
+            release_free_memory()
 
     def second_half(self, split: int, types: Mapping[str, onnx.TypeProto], receive, progress: Progress) -> dict:
         """In the second child: create the sessions of stages ``split`` on (those whose input

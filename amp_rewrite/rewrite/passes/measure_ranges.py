@@ -156,7 +156,7 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     threshold = analysis.precision.smallest_subnormal / 2
     sources = {v.key: _same_elements_source(analysis, v) for v in watched}
     keys = sorted(set(sources.values()))
-    types = {name: helper.make_tensor_type_proto(value.elem_type, None)
+    types = {name: value.elem_type
              for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
 
     def work(progress):
