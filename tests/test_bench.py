@@ -30,7 +30,8 @@ def _model() -> onnx.ModelProto:
 def _event(name: str, op: str, dur: int, types: list[str], shapes: list[list[int]] | None = None) -> dict:
     shapes = shapes or [[4, 16]] * len(types)
     return {"cat": "Node", "name": f"{name}_kernel_time", "dur": dur,
-            "args": {"op_name": op, "input_type_shape": [{t: s} for t, s in zip(types, shapes)]}}
+            "args": {"op_name": op, "input_type_shape": [{t: s} for t, s in zip(types, shapes)],
+                     "provider": "CPUExecutionProvider" if op == "Shape" else "CUDAExecutionProvider"}}
 
 
 def test_node_times_average_per_run_leave_out_warm_runs_and_sort_kinds() -> None:
@@ -52,6 +53,7 @@ def test_node_times_average_per_run_leave_out_warm_runs_and_sort_kinds() -> None
     assert set(by_name) == {"mm"}  # the nodes seen once ran only in the left-out run
     again = {n.name: n for n in node_times(events)}
     assert again["mm"].ms == pytest.approx(0.6)
+    assert (again["mm"].provider, again["shape"].provider) == ("CUDAExecutionProvider", "CPUExecutionProvider")
     assert {n: t.kind for n, t in again.items()} == {
         "mm": "float16", "InsertedPrecisionFreeCast_x": "inserted cast", "c": "cast", "copy": "copy",
         "ln": "float32", "shape": "other"}

@@ -57,6 +57,8 @@ class NodeTime:
     cast (one of the model's), inserted cast (ONNX Runtime's), copy, or other (no float data)."""
     ms: float
     input_shapes: list[list[int]]
+    provider: str = ""
+    """The provider ONNX Runtime assigned it to (another than the session's is a fallback)."""
 
 
 @dataclass
@@ -190,7 +192,8 @@ def node_times(events: list[dict], skip: int = 0) -> list[NodeTime]:
             continue
         args = event.get("args", {})
         if name not in totals:
-            totals[name] = NodeTime(name, args.get("op_name", ""), _kind(name, args), 0.0, _shapes(args))
+            totals[name] = NodeTime(name, args.get("op_name", ""), _kind(name, args), 0.0, _shapes(args),
+                                    args.get("provider", ""))
         totals[name].ms += event.get("dur", 0) / 1000.0
     for name, node in totals.items():
         node.ms /= seen[name] - skip

@@ -282,13 +282,15 @@ def _explain(row: ModelBench, nodes: list[NodeTime], mixed: _Mixed, baseline: li
     row.by_op = [OpTime(op, kind, counts[op, kind], ms)
                  for (op, kind), ms in sorted(per_op.items(), key=lambda item: -item[1])]
     origin = {n.name: model_node(n.name, mixed.inputs, mixed.producers) for n in nodes}
-    fallen = {n.name for n in nodes if n.kind == "float32" and origin[n.name] in mixed.low_nodes}
+    fallen = {n.name for n in nodes if origin[n.name] in mixed.low_nodes
+              and (n.kind == "float32" or n.provider not in ("", provider))}
     row.fallbacks = dict(Counter(n.op_type for n in nodes if n.name in fallen).most_common())
     slow = sorted((n for n in nodes if n.kind == "float32"), key=lambda n: -n.ms)[:TOP_NODES]
     row.float32_nodes = [SlowNode(n.name, n.op_type, n.ms,
                                   _reason(n.name, origin[n.name], fallen, mixed, reasons, provider)) for n in slow]
     row.off_tensor_cores = [OffTensorCores(n.name, n.op_type, dims, n.ms) for n in nodes
-                            if n.kind in LOW_KINDS and (dims := off_tensor_cores(n, mixed.input_shape))]
+                            if n.kind in LOW_KINDS and n.name not in fallen
+                            and (dims := off_tensor_cores(n, mixed.input_shape))]
     row.verdict = verdict(row, nodes, baseline, fallen, provider, mixed.low,
                           {name for name, node in origin.items() if node is None})
 
@@ -361,7 +363,7 @@ def _causes(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fa
     inserted = [n for n in nodes if n.kind == "inserted cast"]
     casts = [n for n in nodes if n.kind == "cast"]
     float32 = [n for n in nodes if n.kind == "float32" and n.name not in fallen]
-    low_nodes = {n.name: n.ms for n in nodes if n.kind in LOW_KINDS}
+    low_nodes = {n.name: n.ms for n in nodes if n.kind in LOW_KINDS and n.name not in fallen}
     same_in_float32 = ms(n for n in baseline if n.name in low_nodes)
     low_ms = sum(ms for name, ms in low_nodes.items() if name in {n.name for n in baseline})
     fallback_ms = ms(inserted) + ms(n for n in nodes if n.name in fallen)
@@ -370,7 +372,7 @@ def _causes(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fa
         top_ops[node.op_type] += node.ms
     return [
         (fallback_ms, f"{provider} has no {low} kernel for {', '.join(row.fallbacks) or 'some nodes'}: ONNX Runtime "
-                      f"ran {len(fallen)} of the model's {low} nodes in float32"
+                      f"ran {len(fallen)} of the model's {low} nodes in float32 or on another provider"
                       + (f" and inserted {len(inserted)} casts" if inserted else "")
                       + f" ({fallback_ms:.3g} ms per run, {fallback_ms / total:.0%} of the profiled time)"),
         (ms(casts), f"the model's {len(casts)} casts take {ms(casts):.3g} ms per run ({ms(casts) / total:.0%})"),
