@@ -313,3 +313,19 @@ def test_a_slice_and_a_concat_offset_the_dimension_a_reshape_binds() -> None:
                "shape": np.array([2, 8], np.int64), "w": WIDE})
     assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 6)})
     _measured_after_the_reshape(m)
+
+
+def test_a_name_that_a_reshaped_shape_repeats_gets_the_root_of_its_share() -> None:
+    """Rule: [batch, batch, 2] reshaped to [18]: batch x batch = 9, batch = 3 (1, 2, 4 and 8
+    all fail); with another name beside it, [batch, batch, seq] to [2], the guess puts batch = 1
+    and seq, which appears once, takes the rest (found by fuzzing)."""
+    square = model("""(float[batch,batch,2] x) => (float[2,4] y) { [r1] r = Reshape(x, shape)
+                                                                     [allow1] a = MatMul(r, w)
+                                                                     [inf1] y = Relu(a) }""",
+                   {"shape": np.array([2, 9], np.int64), "w": np.full((9, 4), 3e4, np.float32)})
+    assert _dims(square)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3, 2)})
+    _measured_after_the_reshape(square)
+    found = model("""(float[batch,batch,seq] x) => (float[2] y) { [r1] y = Reshape(x, shape) }""",
+                  {"shape": np.array([2], np.int64)})
+    assert _dims(found)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 1, 2)})
+    assert convert(found, provider=None)[1].range_check.startswith("measured")

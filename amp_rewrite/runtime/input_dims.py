@@ -7,13 +7,13 @@ without the model's own value_info (an unnamed input dimension named ``input[axi
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
 graph (If and Loop bodies included). A dimension is a fixed extent or a name plus an offset
 (``batch + 1``): Pad with constant pads (its axes input too, which inference does not
-follow), Slice with constant starts from the start to the end or to a negative end, and
+follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``), and
 Concat of a named extent with fixed ones give such sums, and a fresh name that inference gave
 in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree, which gives the one
-  input dimension left unknown, offset or not (with -1, the count is a multiple of the
-  fixed extents);
+  input dimension left unknown, offset or not, its root where it repeats (with -1, the
+  count is a multiple of the fixed extents);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
@@ -21,7 +21,7 @@ in their place stands for them wherever it reaches. Then, until nothing new is l
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
-goes to the last of them, the others 1 (marked "guessed").
+goes to the last of them that appears once, the others 1 (marked "guessed").
 """
 
 from __future__ import annotations
@@ -211,7 +211,8 @@ class _Rules:
         self.pin(dims[-1], extent, f"{origin}, guessed" if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
-        """``left`` and ``right`` hold as many elements: solve for the one name left unknown."""
+        """``left`` and ``right`` hold as many elements: solve for the one name left unknown
+        (its root where it appears more than once: batch x batch = 9)."""
         fixed, named = [1, 1], [Counter(), Counter()]
         for side, dims in enumerate((left, right)):
             for dim in map(self.extent, dims):
@@ -221,17 +222,19 @@ class _Rules:
                     fixed[side] *= dim
                 else:
                     named[side][dim] += 1
-        common = named[0] & named[1]
-        unknown = [(side, dim, n) for side in (0, 1) for dim, n in (named[side] - common).items()]
-        sides, dims = {side for side, _, _ in unknown}, [dim for _, dim, _ in unknown]
-        if not unknown or len(sides) != 1 or any(n != 1 for _, _, n in unknown) or 0 in fixed:
+        unknown = [named[0] - named[1], named[1] - named[0]]
+        sides = [side for side in (0, 1) if unknown[side]]
+        if len(sides) != 1 or 0 in fixed:
             return
-        if (len(dims) > 1 and not self.guessing) or len({d.name for d in dims}) < len(dims) or _others(dims) < 1:
+        side, powers = sides[0], unknown[sides[0]]
+        if (len(powers) > 1 and not self.guessing) or len({d.name for d in powers}) < len(powers):
             return
-        side = sides.pop()
-        count, left_over = divmod(fixed[1 - side], fixed[side] * _others(dims))
-        if not left_over:
-            self.split(dims, count, origin)
+        *others, last = sorted(powers, key=lambda d: powers[d] == 1)  # when guessing, solve for one that appears once
+        rest = math.prod((1 + d.offset) ** powers[d] for d in others)
+        count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
+        extent = round(count ** (1 / powers[last])) if powers[last] > 1 else count
+        if not left_over and extent ** powers[last] == count:
+            self.split([*others, last], extent, origin)
 
 
 def _others(dims: Sequence[Sym]) -> int:
