@@ -329,3 +329,17 @@ def test_a_name_that_a_reshaped_shape_repeats_gets_the_root_of_its_share() -> No
                   {"shape": np.array([2], np.int64)})
     assert _dims(found)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 1, 2)})
     assert convert(found, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_reshape_counts_the_elements_that_the_reshapes_before_it_reshaped() -> None:
+    """Rule: [batch, 4] flattened by a Reshape to [-1] (a fresh name for its extent) and then
+    reshaped to [2, 10]: batch x 4 = 20, batch = 5 (found by fuzzing: [batch, seq] to [-1], then
+    [2, 3])."""
+    m = model("""(float[batch,4] x) => (float[2,4] y) { f = Reshape(x, flat)
+                                                       [r1] r = Reshape(f, shape)
+                                                       [allow1] a = MatMul(r, w)
+                                                       [inf1] y = Relu(a) }""",
+              {"flat": np.array([-1], np.int64), "shape": np.array([2, 10], np.int64),
+               "w": np.full((10, 4), 3e4, np.float32)})
+    assert _dims(m)[0] == ("batch=5 (from Reshape 'r1')", {"x": (5, 4)})
+    _measured_after_the_reshape(m)

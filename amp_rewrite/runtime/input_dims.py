@@ -11,7 +11,8 @@ follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``), and
 Concat of a named extent with fixed ones give such sums, and a fresh name that inference gave
 in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
-- Reshape to a constant shape without -1: the element counts agree, which gives the one
+- Reshape to a constant shape without -1: the element counts agree (with the tensor it
+  reshapes, and with those that Reshapes before it reshaped), which gives the one
   input dimension left unknown, offset or not, its root where it repeats (with -1, the
   count is a multiple of the fixed extents);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -250,10 +251,23 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
     result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
-    if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
-        rules.multiple_of(data, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
-    else:
-        rules.same_count(data, result, f"Reshape {node.label!r}")
+    for counted in _reshaped_from(rules, node.inputs[0]):
+        if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
+            rules.multiple_of(counted, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
+        else:
+            rules.same_count(counted, result, f"Reshape {node.label!r}")
+
+
+def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[Dim, ...]]:
+    """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first: all
+    hold as many elements (where a Reshape to [-1] left a fresh name, the one before it has names)."""
+    while key is not None:
+        shape = rules.shape(key)
+        if shape is not None:
+            yield shape
+        producer = rules.index.producer_node(rules.index.values[key])
+        reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
+        key = producer.inputs[0] if reshape else None
 
 
 def _broadcast(rules: _Rules, node: Node) -> None:
