@@ -95,7 +95,7 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
 
 
 def _apply(rules: _Rules, declared: list[tuple[ValueKey, tuple]]) -> None:
-    """The rules, in rounds until a round binds nothing new."""
+    """The rules, in rounds until a round learns nothing new."""
     for _ in range(MAX_ROUNDS):
         found = rules.learnt()
         for node in rules.index.nodes:
@@ -199,8 +199,8 @@ class _Rules:
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
         unknown = [e for e in extents if isinstance(e, Sym)]
-        if unknown and needed > 0 and have > 0 and have % needed and _others(unknown) > 0:
-            step = needed // math.gcd(needed, have * _others(unknown))
+        if unknown and needed > 0 and have > 0 and have % needed and _at_one(unknown[:-1]) > 0:
+            step = needed // math.gcd(needed, have * _at_one(unknown[:-1]))
             least = max(1, 1 + unknown[-1].offset)  # the last name at 1 or more
             self.split(unknown, -(-least // step) * step, origin, last_guessed=True)
 
@@ -231,16 +231,16 @@ class _Rules:
         if (len(powers) > 1 and not self.guessing) or len({d.name for d in powers}) < len(powers):
             return
         *others, last = sorted(powers, key=lambda d: powers[d] == 1)  # when guessing, solve for one that appears once
-        rest = math.prod((1 + d.offset) ** powers[d] for d in others)
+        rest = _at_one(d for d in powers.elements() if d != last)
         count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
         extent = round(count ** (1 / powers[last])) if powers[last] > 1 else count
         if not left_over and extent ** powers[last] == count:
             self.split([*others, last], extent, origin)
 
 
-def _others(dims: Sequence[Sym]) -> int:
-    """What all but the last of ``dims`` hold together when their names are 1."""
-    return math.prod(1 + d.offset for d in dims[:-1])
+def _at_one(dims: Iterable[Sym]) -> int:
+    """The product of ``dims`` when their names are 1 (what a guess leaves the last name)."""
+    return math.prod(1 + d.offset for d in dims)
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
