@@ -315,16 +315,25 @@ def test_a_slice_and_a_concat_offset_the_dimension_a_reshape_binds() -> None:
     _measured_after_the_reshape(m)
 
 
-def test_a_name_that_a_reshaped_shape_repeats_gets_the_root_of_its_share() -> None:
-    """Rule: [batch, batch, 2] reshaped to [18]: batch x batch = 9, batch = 3 (1, 2, 4 and 8
-    all fail); with another name beside it, [batch, batch, seq] to [2], the guess puts batch = 1
-    and seq, which appears once, takes the rest (found by fuzzing)."""
+def test_a_name_that_a_reshaped_count_repeats_is_solved_for() -> None:
+    """Rule: [batch, batch, 2] reshaped to [2, 9]: batch x batch = 9, batch = 3; padded by 1 on
+    axis 0, [batch, batch] reshaped to [2, 6]: (batch + 1) x batch = 12, batch = 3 (1, 2, 4 and 8
+    fail both); with another name beside it, [batch, batch, seq] to [2], the guess puts batch = 1
+    and seq, which appears once, takes the rest (the last two found by fuzzing)."""
     square = model("""(float[batch,batch,2] x) => (float[2,4] y) { [r1] r = Reshape(x, shape)
                                                                      [allow1] a = MatMul(r, w)
                                                                      [inf1] y = Relu(a) }""",
                    {"shape": np.array([2, 9], np.int64), "w": np.full((9, 4), 3e4, np.float32)})
     assert _dims(square)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3, 2)})
     _measured_after_the_reshape(square)
+    padded = model("""(float[batch,batch] x) => (float[2,4] y) { p = Pad<mode="edge">(x, pads)
+                                                                [r1] r = Reshape(p, shape)
+                                                                [allow1] a = MatMul(r, w)
+                                                                [inf1] y = Relu(a) }""",
+                   {"pads": np.array([0, 0, 1, 0], np.int64), "shape": np.array([2, 6], np.int64),
+                    "w": np.full((6, 4), 3e4, np.float32)})
+    assert _dims(padded)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3)})
+    _measured_after_the_reshape(padded)
     found = model("""(float[batch,batch,seq] x) => (float[2] y) { [r1] y = Reshape(x, shape) }""",
                   {"shape": np.array([2], np.int64)})
     assert _dims(found)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 1, 2)})

@@ -13,7 +13,7 @@ in their place stands for them wherever it reaches. Then, until nothing new is l
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped), which gives the one
-  input dimension left unknown, offset or not, its root where it repeats (with -1, the
+  input dimension left unknown, offset or repeated or not (with -1, the
   count is a multiple of the fixed extents);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
@@ -213,7 +213,7 @@ class _Rules:
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown
-        (its root where it appears more than once: batch x batch = 9)."""
+        (where it appears more than once too: batch x (batch + 1) = 12)."""
         fixed, named = [1, 1], [Counter(), Counter()]
         for side, dims in enumerate((left, right)):
             for dim in map(self.extent, dims):
@@ -227,15 +227,28 @@ class _Rules:
         sides = [side for side in (0, 1) if unknown[side]]
         if len(sides) != 1 or 0 in fixed:
             return
-        side, powers = sides[0], unknown[sides[0]]
-        if (len(powers) > 1 and not self.guessing) or len({d.name for d in powers}) < len(powers):
+        side, factors = sides[0], {}
+        for dim in unknown[sides[0]].elements():
+            factors.setdefault(dim.name, []).append(dim)
+        if len(factors) > 1 and not self.guessing:
             return
-        *others, last = sorted(powers, key=lambda d: powers[d] == 1)  # when guessing, solve for one that appears once
-        rest = _at_one(d for d in powers.elements() if d != last)
+        *others, last = sorted(factors, key=lambda name: len(factors[name]) == 1)  # solve for one appearing once
+        rest = _at_one(d for name in others for d in factors[name])
         count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
-        extent = round(count ** (1 / powers[last])) if powers[last] > 1 else count
-        if not left_over and extent ** powers[last] == count:
-            self.split([*others, last], extent, origin)
+        extent = None if left_over else _solved(factors[last], count)
+        if extent is not None:
+            self.split([Sym(name) for name in (*others, last)], extent, origin)
+
+
+def _solved(dims: Sequence[Sym], count: int) -> int | None:
+    """The extent of the name that ``dims`` share at which their product is ``count``, or None
+    (a binary search: the product grows with the name)."""
+    low = max(1, 1 - min(d.offset for d in dims))
+    high = max(low, count - min(d.offset for d in dims))  # that factor alone reaches count there
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if math.prod(middle + d.offset for d in dims) < count else (low, middle)
+    return low if math.prod(low + d.offset for d in dims) == count else None
 
 
 def _at_one(dims: Iterable[Sym]) -> int:
