@@ -12,9 +12,9 @@ Concat of a named extent with fixed ones give such sums, and a fresh name that i
 in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
-  reshapes, and with those that Reshapes before it reshaped), which gives the one
-  input dimension left unknown, offset or repeated or not (with -1, the
-  count is a multiple of the fixed extents);
+  reshapes, and with those that Reshapes before it reshaped), which gives the one input
+  dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
+  the count is a multiple of the fixed extents;
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
