@@ -241,3 +241,114 @@ def test_a_reshape_with_minus_one_makes_the_count_a_multiple_of_the_fixed_extent
     assert texts[0] == "batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1', guessed)"
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured")
+
+
+WIDE = np.full((8, 4), 3e4, np.float32)
+"""Fits float16, but r @ WIDE on generated r ~ 1 is far beyond 4094: measured, its MatMul stays float32."""
+
+
+def _measured_after_the_reshape(m: onnx.ModelProto) -> None:
+    """The range check runs, and the MatMul ``allow1`` that reads the Reshape's output is kept
+    float32 by what it measured (a skipped check leaves it in float16)."""
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured"), report.range_check
+    assert colors(out)["allow1"] == "fp32"
+    assert "on generated inputs" in next(d.reason for d in report.decisions if d.node == "allow1")
+    assert colors(convert(m, provider=None, range_check="off")[0])["allow1"] == "low"
+
+
+@pytest.mark.parametrize("opset, pad", [(17, "Pad(x, pads)"), (10, "Pad<pads=[1,0,0,-2]>(x)")])
+def test_a_pad_before_a_reshape_offsets_the_dimension_it_binds(opset: int, pad: str) -> None:
+    """Rule: [batch, 6] padded by 1 on axis 0 and -2 on axis 1 is [batch + 1, 4]; reshaped to
+    [2, 8], batch + 1 = 4. (Inference names the padded axis afresh: batch was left free, and
+    8, 1, 2 and 4 all fail; found by fuzzing.) Pads as input (opset 11 on) or attribute."""
+    m = model(f"""(float[batch,6] x) => (float[2,4] y) {{ p = {pad}
+                                                         [r1] r = Reshape(p, shape)
+                                                         [allow1] a = MatMul(r, w)
+                                                         [inf1] y = Relu(a) }}""",
+              {"pads": np.array([1, 0, 0, -2], np.int64), "shape": np.array([2, 8], np.int64), "w": WIDE}
+              if opset >= 11 else {"shape": np.array([2, 8], np.int64), "w": WIDE}, opset=opset)
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 6)})
+    _measured_after_the_reshape(m)
+
+
+def test_a_count_that_a_padded_and_a_plain_name_share_is_guessed_with_the_offset() -> None:
+    """(batch + 1) x seq = 8: guessing batch = 1 leaves seq = 4 (the fuzz find, as it came)."""
+    m = model("""(float[batch,seq] x) => (float[1,4] y) { p = Pad(x, pads)
+                                                         [r1] r = Reshape(p, shape)
+                                                         [allow1] a = MatMul(r, w)
+                                                         [inf1] y = Relu(a) }""",
+              {"pads": np.array([1, 0, 0, 0], np.int64), "shape": np.array([1, 8], np.int64), "w": WIDE})
+    assert _dims(m)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=4 (from Reshape 'r1')", {"x": (1, 4)})
+    _measured_after_the_reshape(m)
+
+
+def test_a_pad_with_axes_keeps_the_dimensions_inference_loses() -> None:
+    """Rule: Pad with an axes input (opset 18 on): inference gives every axis a fresh name, seq
+    included; the Pad rule says they are batch + 2 and seq, so the MatMul binds seq = 4 and
+    the Reshape to [2, 10] batch = 3 (found by fuzzing)."""
+    m = model("""(float[batch,seq] x) => (float[2,4] y) { p = Pad(x, pads, fill, axes)
+                                                         [m0] h = MatMul(p, square)
+                                                         [r1] r = Reshape(h, shape)
+                                                         [allow1] a = MatMul(r, w)
+                                                         [inf1] y = Relu(a) }""",
+              {"pads": np.array([2, 0], np.int64), "fill": np.float32(0), "axes": np.array([-2], np.int64),
+               "square": rng(1).standard_normal((4, 4)).astype(np.float32), "shape": np.array([2, 10], np.int64),
+               "w": np.full((10, 4), 3e4, np.float32)}, opset=18)
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1'), seq=4 (from MatMul 'm0')", {"x": (3, 4)})
+    _measured_after_the_reshape(m)
+
+
+def test_a_slice_and_a_concat_offset_the_dimension_a_reshape_binds() -> None:
+    """Rule: x[1:] along batch is batch - 1, concatenated with 2 rows batch + 1, x[:, 0:-2] has
+    4 columns: reshaped to [2, 8], batch = 3."""
+    m = model("""(float[batch,6] x) => (float[2,4] y) { s = Slice(x, one, end, zero)
+                                                       c = Concat<axis=0>(s, rows)
+                                                       t = Slice(c, zero, minus2, one)
+                                                       [r1] r = Reshape(t, shape)
+                                                       [allow1] a = MatMul(r, w)
+                                                       [inf1] y = Relu(a) }""",
+              {"one": np.array([1], np.int64), "zero": np.array([0], np.int64), "minus2": np.array([-2], np.int64),
+               "end": np.array([np.iinfo(np.int64).max], np.int64), "rows": np.ones((2, 6), np.float32),
+               "shape": np.array([2, 8], np.int64), "w": WIDE})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 6)})
+    _measured_after_the_reshape(m)
+
+
+def test_a_name_that_a_reshaped_count_repeats_is_solved_for() -> None:
+    """Rule: [batch, batch, 2] reshaped to [2, 9]: batch x batch = 9, batch = 3; padded by 1 on
+    axis 0, [batch, batch] reshaped to [2, 6]: (batch + 1) x batch = 12, batch = 3 (1, 2, 4 and 8
+    fail both); with another name beside it, [batch, batch, seq] to [2], the guess puts batch = 1
+    and seq, which appears once, takes the rest (the last two found by fuzzing)."""
+    square = model("""(float[batch,batch,2] x) => (float[2,4] y) { [r1] r = Reshape(x, shape)
+                                                                     [allow1] a = MatMul(r, w)
+                                                                     [inf1] y = Relu(a) }""",
+                   {"shape": np.array([2, 9], np.int64), "w": np.full((9, 4), 3e4, np.float32)})
+    assert _dims(square)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3, 2)})
+    _measured_after_the_reshape(square)
+    padded = model("""(float[batch,batch] x) => (float[2,4] y) { p = Pad<mode="edge">(x, pads)
+                                                                [r1] r = Reshape(p, shape)
+                                                                [allow1] a = MatMul(r, w)
+                                                                [inf1] y = Relu(a) }""",
+                   {"pads": np.array([0, 0, 1, 0], np.int64), "shape": np.array([2, 6], np.int64),
+                    "w": np.full((6, 4), 3e4, np.float32)})
+    assert _dims(padded)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3)})
+    _measured_after_the_reshape(padded)
+    found = model("""(float[batch,batch,seq] x) => (float[2] y) { [r1] y = Reshape(x, shape) }""",
+                  {"shape": np.array([2], np.int64)})
+    assert _dims(found)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 1, 2)})
+    assert convert(found, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_reshape_counts_the_elements_that_the_reshapes_before_it_reshaped() -> None:
+    """Rule: [batch, 4] flattened by a Reshape to [-1] (a fresh name for its extent) and then
+    reshaped to [2, 10]: batch x 4 = 20, batch = 5 (found by fuzzing: [batch, seq] to [-1], then
+    [2, 3])."""
+    m = model("""(float[batch,4] x) => (float[2,4] y) { f = Reshape(x, flat)
+                                                       [r1] r = Reshape(f, shape)
+                                                       [allow1] a = MatMul(r, w)
+                                                       [inf1] y = Relu(a) }""",
+              {"flat": np.array([-1], np.int64), "shape": np.array([2, 10], np.int64),
+               "w": np.full((10, 4), 3e4, np.float32)})
+    assert _dims(m)[0] == ("batch=5 (from Reshape 'r1')", {"x": (5, 4)})
+    _measured_after_the_reshape(m)

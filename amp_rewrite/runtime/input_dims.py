@@ -5,10 +5,16 @@ model that reshapes ``batch x 16`` to a fixed [1, 4, 64]: the graph says ``batch
 ``implied_dims`` reads such bindings off the graph. ONNX shape inference, run on a copy
 without the model's own value_info (an unnamed input dimension named ``input[axis]`` there),
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
-graph (If and Loop bodies included); then, until nothing new is learnt:
+graph (If and Loop bodies included). A dimension is a fixed extent or a name plus an offset
+(``batch + 1``): Pad with constant pads (its axes input too, which inference does not
+follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``), and
+Concat of a named extent with fixed ones give such sums, and a fresh name that inference gave
+in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
-- Reshape to a constant shape without -1: the element counts agree, which gives the one
-  input dimension left unknown (with -1, the count is a multiple of the fixed extents);
+- Reshape to a constant shape without -1: the element counts agree (with the tensor it
+  reshapes, and with those that Reshapes before it reshaped), which gives the one input
+  dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
+  the count is a multiple of the fixed extents;
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
@@ -16,14 +22,14 @@ graph (If and Loop bodies included); then, until nothing new is learnt:
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
-goes to the last of them, the others 1 (marked "guessed").
+goes to the last of them that appears once, the others 1 (marked "guessed").
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,10 +40,21 @@ from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
 from amp_rewrite.ir.sizes import iter_graphs, without_weights
 from amp_rewrite.ir.tensors import constant_tensor
 
-Dim = int | str | None
-"""A fixed extent, a dimension's name, or None where nothing is known."""
+
+@dataclass(frozen=True)
+class Sym:
+    """A dimension named ``name``, plus ``offset`` (``batch + 1`` after a Pad of one)."""
+
+    name: str
+    offset: int = 0
+
+
+Dim = int | Sym | None
+"""A fixed extent, a named one, or None where nothing is known."""
 MAX_ROUNDS = 4
 """Rounds of the rules over the graph; a binding found late can enable another."""
+TO_THE_END = 2**31 - 1
+"""A Slice end at least this large reaches the end of any axis (INT32_MAX, INT64_MAX are usual)."""
 BROADCASTING = frozenset(s.name for s in defs.get_all_schemas()
                          if s.domain == "" and "multidirectional" in (s.doc or "").lower())
 """Ops whose inputs broadcast numpy-style, as their ONNX schemas say (Add, Mul, Where, ...)."""
@@ -56,7 +73,7 @@ def unnamed_dim(input_name: str, axis: int) -> str:
     return f"{input_name}[{axis}]"
 
 
-def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]],
+def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]],
                  given: Mapping[str, Pin] | None = None) -> dict[str, Pin]:
     """Bindings of the dimension names in ``shapes`` (the model's inputs, each dimension fixed
     or named) that the graph implies, starting from ``given``, which wins over them."""
@@ -78,9 +95,9 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]],
 
 
 def _apply(rules: _Rules, declared: list[tuple[ValueKey, tuple]]) -> None:
-    """The rules, in rounds until a round binds nothing new."""
+    """The rules, in rounds until a round learns nothing new."""
     for _ in range(MAX_ROUNDS):
-        found = len(rules.pins)
+        found = rules.learnt()
         for node in rules.index.nodes:
             rule = _NODE_RULES.get(node.op_type) or (_broadcast if node.op_type in BROADCASTING else None)
             if rule is not None and node.domain == "":
@@ -89,7 +106,7 @@ def _apply(rules: _Rules, declared: list[tuple[ValueKey, tuple]]) -> None:
             inferred = rules.shape(key)
             if inferred is not None and len(inferred) == len(dims):
                 rules.agree(zip(inferred, dims), f"the declared shape of {key[1]!r}")
-        if len(rules.pins) == found:
+        if rules.learnt() == found:
             break
 
 
@@ -100,19 +117,44 @@ class _Rules:
         self.index, self.names, self.pins = index, names, pins
         self.guessing = False
         """Whether ``same_count`` may split a count among several names (the others get 1)."""
+        self.aliases: dict[str, Dim] = {}
+        """What a fresh name that inference gave (``unk__0`` for a Pad's padded axis) stands for."""
+        self.derived: dict[ValueKey, tuple] = {}
+        """Shapes that rules computed for values whose inferred shape lacks them (a Pad with axes)."""
 
-    def shape(self, key: ValueKey | None) -> tuple | None:
-        """The inferred shape; for a Loop's carried value that inference left without one (its
-        shape could change between iterations), the shape of its initial value."""
+    def learnt(self) -> int:
+        """How much the rules have found: more after a round that found something."""
+        return len(self.pins) + len(self.aliases) + len(self.derived)
+
+    def shape(self, key: ValueKey | None) -> tuple[Dim, ...] | None:
+        """The shape, each name as a Sym (or what it is an alias of): as derived, else as inferred;
+        for a Loop's carried value that inference left without one (its shape could change
+        between iterations), the shape of its initial value."""
         if key is None:
             return None
         value = self.index.values[key]
+        dims = self.derived.get(key, value.shape)
         producer = self.index.producer_node(value)
-        if value.shape is None and producer is not None and producer.op_type == "Loop" and producer.domain == "":
+        if dims is None and producer is not None and producer.op_type == "Loop" and producer.domain == "":
             carried = value.producer[1] + 2
             if carried < len(producer.inputs):
                 return self.shape(producer.inputs[carried])
-        return value.shape
+        return None if dims is None else tuple(self.aliases.get(d, Sym(d)) if isinstance(d, str) else d for d in dims)
+
+    def derive(self, key: ValueKey | None, dims: Sequence[Dim]) -> None:
+        """A rule computed ``key``'s ``dims``: a fresh name that inference gave in their place
+        stands for them from now on; where inference gave no shape or no name, they are the shape."""
+        if key is None or all(d is None for d in dims):
+            return
+        inferred = self.index.values[key].shape
+        if inferred is None or len(inferred) != len(dims):
+            self.derived.setdefault(key, tuple(dims))
+            return
+        for was, now in zip(inferred, dims):
+            if isinstance(was, str) and was not in self.names and now is not None and now != Sym(was):
+                self.aliases.setdefault(was, now)
+        if any(was is None and now is not None for was, now in zip(inferred, dims)):
+            self.derived.setdefault(key, tuple(now if was is None else was for was, now in zip(inferred, dims)))
 
     def constant(self, key: ValueKey | None) -> np.ndarray | None:
         """The value of a constant int tensor (a small initializer or a Constant node's), or None."""
@@ -128,12 +170,13 @@ class _Rules:
         return array.astype(np.int64).reshape(-1) if array.dtype.kind in "iu" else None
 
     def extent(self, dim: Dim) -> Dim:
-        pin = self.pins.get(dim) if isinstance(dim, str) else None
-        return pin.extent if pin else dim
+        pin = self.pins.get(dim.name) if isinstance(dim, Sym) else None
+        return pin.extent + dim.offset if pin else dim
 
-    def pin(self, name: str, extent: int, origin: str) -> None:
-        if name in self.names and name not in self.pins and extent >= 1:
-            self.pins[name] = Pin(extent, origin)
+    def pin(self, dim: Sym, extent: int, origin: str) -> None:
+        """Bind ``dim``'s name so that ``dim`` is ``extent``."""
+        if dim.name in self.names and dim.name not in self.pins and extent - dim.offset >= 1:
+            self.pins[dim.name] = Pin(extent - dim.offset, origin)
 
     def agree(self, columns: Iterable[Sequence[Dim]], origin: str, broadcast: bool = False) -> None:
         """Each column holds dimensions that must be equal (``broadcast``: or 1): one fixed
@@ -143,7 +186,7 @@ class _Rules:
             fixed = {d for d in extents if isinstance(d, int) and (d > 1 or not broadcast)}
             if len(fixed) == 1:
                 for d in extents:
-                    if isinstance(d, str):
+                    if isinstance(d, Sym):
                         self.pin(d, next(iter(fixed)), origin)
 
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
@@ -155,19 +198,22 @@ class _Rules:
             return
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
-        unknown = [e for e in extents if isinstance(e, str)]
-        if unknown and needed > 0 and have > 0 and have % needed:
-            self.split(unknown, needed // math.gcd(needed, have), origin, last_guessed=True)
+        unknown = [e for e in extents if isinstance(e, Sym)]
+        if unknown and needed > 0 and have > 0 and have % needed and _at_one(unknown[:-1]) > 0:
+            step = needed // math.gcd(needed, have * _at_one(unknown[:-1]))
+            least = max(1, 1 + unknown[-1].offset)  # the last name at 1 or more
+            self.split(unknown, -(-least // step) * step, origin, last_guessed=True)
 
-    def split(self, names: Sequence[str], extent: int, origin: str, last_guessed: bool = False) -> None:
-        """``extent`` for the last of ``names`` (a guess too if ``last_guessed``), 1 (guessed) for
-        the others."""
-        for name in names[:-1]:
-            self.pin(name, 1, f"{origin}, guessed")
-        self.pin(names[-1], extent, f"{origin}, guessed" if last_guessed else origin)
+    def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False) -> None:
+        """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), 1 (guessed) for
+        the others' names."""
+        for dim in dims[:-1]:
+            self.pin(Sym(dim.name), 1, f"{origin}, guessed")
+        self.pin(dims[-1], extent, f"{origin}, guessed" if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
-        """``left`` and ``right`` hold as many elements: solve for the one name left unknown."""
+        """``left`` and ``right`` hold as many elements: solve for the one name left unknown
+        (where it appears more than once too: batch x (batch + 1) = 12)."""
         fixed, named = [1, 1], [Counter(), Counter()]
         for side, dims in enumerate((left, right)):
             for dim in map(self.extent, dims):
@@ -177,16 +223,37 @@ class _Rules:
                     fixed[side] *= dim
                 else:
                     named[side][dim] += 1
-        common = named[0] & named[1]
-        unknown = [(side, name, n) for side in (0, 1) for name, n in (named[side] - common).items()]
-        sides = {side for side, _, _ in unknown}
-        if not unknown or len(sides) != 1 or any(n != 1 for _, _, n in unknown) or 0 in fixed:
+        unknown = [named[0] - named[1], named[1] - named[0]]
+        sides = [side for side in (0, 1) if unknown[side]]
+        if len(sides) != 1 or 0 in fixed:
             return
-        if len(unknown) > 1 and not self.guessing:
+        side, factors = sides[0], {}
+        for dim in unknown[sides[0]].elements():
+            factors.setdefault(dim.name, []).append(dim)
+        if len(factors) > 1 and not self.guessing:
             return
-        side = sides.pop()
-        if fixed[1 - side] % fixed[side] == 0:
-            self.split([name for _, name, _ in unknown], fixed[1 - side] // fixed[side], origin)
+        *others, last = sorted(factors, key=lambda name: len(factors[name]) == 1)  # solve for one appearing once
+        rest = _at_one(d for name in others for d in factors[name])
+        count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
+        extent = None if left_over else _solved(factors[last], count)
+        if extent is not None:
+            self.split([Sym(name) for name in (*others, last)], extent, origin)
+
+
+def _solved(dims: Sequence[Sym], count: int) -> int | None:
+    """The extent of the name that ``dims`` share at which their product is ``count``, or None
+    (a binary search: the product grows with the name)."""
+    low = max(1, 1 - min(d.offset for d in dims))
+    high = max(low, count - min(d.offset for d in dims))  # that factor alone reaches count there
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if math.prod(middle + d.offset for d in dims) < count else (low, middle)
+    return low if math.prod(low + d.offset for d in dims) == count else None
+
+
+def _at_one(dims: Iterable[Sym]) -> int:
+    """The product of ``dims`` when their names are 1 (what a guess leaves the last name)."""
+    return math.prod(1 + d.offset for d in dims)
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
@@ -197,10 +264,23 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
     result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
-    if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
-        rules.multiple_of(data, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
-    else:
-        rules.same_count(data, result, f"Reshape {node.label!r}")
+    for counted in _reshaped_from(rules, node.inputs[0]):
+        if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
+            rules.multiple_of(counted, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
+        else:
+            rules.same_count(counted, result, f"Reshape {node.label!r}")
+
+
+def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[Dim, ...]]:
+    """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first: all
+    hold as many elements (where a Reshape to [-1] left a fresh name, the one before it has names)."""
+    while key is not None:
+        shape = rules.shape(key)
+        if shape is not None:
+            yield shape
+        producer = rules.index.producer_node(rules.index.values[key])
+        reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
+        key = producer.inputs[0] if reshape else None
 
 
 def _broadcast(rules: _Rules, node: Node) -> None:
@@ -217,6 +297,55 @@ def _concat(rules: _Rules, node: Node) -> None:
         return
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0) % max(len(shapes[0]), 1)
     rules.agree((column for i, column in enumerate(zip(*shapes)) if i != axis), f"Concat {node.label!r}")
+    rules.derive(node.outputs[0], [_sum(column) if i == axis else None for i, column in enumerate(zip(*shapes))])
+
+
+def _pad(rules: _Rules, node: Node) -> None:
+    """Each padded axis grows by its pads (negative ones crop): ``batch + 2``."""
+    data, pads = rules.shape(node.inputs[0]), _ints(rules, node, 1, "pads")
+    if data is None or pads is None:
+        return
+    axes = _ints(rules, node, 3, default=range(len(data)))
+    if axes is None or len(pads) != 2 * len(axes):
+        return
+    dims = list(data)
+    for axis, before, after in zip(axes, pads[:len(axes)], pads[len(axes):]):
+        if not -len(dims) <= axis < len(dims):
+            return
+        dims[axis] = _sum([dims[axis], int(before + after)])
+    rules.derive(node.outputs[0], dims)
+
+
+def _slice(rules: _Rules, node: Node) -> None:
+    data, starts, ends = rules.shape(node.inputs[0]), _ints(rules, node, 1, "starts"), _ints(rules, node, 2, "ends")
+    if data is None or starts is None or ends is None or len(starts) != len(ends):
+        return
+    axes = _ints(rules, node, 3, "axes", default=range(len(starts)))
+    steps = _ints(rules, node, 4, default=[1] * len(starts))
+    if axes is None or steps is None or not len(axes) == len(steps) == len(starts):
+        return
+    dims = [None] * len(data)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        if not -len(dims) <= axis < len(dims):
+            return
+        dims[axis] = _sliced(data[axis], int(start), int(end), int(step))
+    rules.derive(node.outputs[0], dims)
+
+
+def _sliced(dim: Dim, start: int, end: int, step: int) -> Dim:
+    """The extent of ``dim[start:end:step]``: exact for a fixed one; for a named one (step 1),
+    ``name - start`` from a start counted from the beginning to the end, ``name - start - k``
+    to an end k back from it, and where both ends count from the same side (``[0:2]``,
+    ``[-2:]``) the slice taken as fitting in the axis."""
+    if isinstance(dim, int):
+        return len(range(dim)[start:end:step]) if step else None
+    if not isinstance(dim, Sym) or step != 1:
+        return None
+    back = end < 0 or end >= TO_THE_END  # the end counted back from the axis' end
+    stop = 0 if end >= TO_THE_END else end
+    if (start < 0) == back:
+        return max(0, stop - start)
+    return _sum([dim, stop - start]) if start >= 0 else None
 
 
 def _matmul(rules: _Rules, node: Node) -> None:
@@ -239,11 +368,32 @@ def _as_dims(array: np.ndarray | None) -> list[Dim] | None:
     return None if array is None else [int(v) for v in array]
 
 
+def _sum(dims: Sequence[Dim]) -> Dim:
+    """Fixed extents and at most one named one added up (Concat's axis, a padded one), or None."""
+    named = [d for d in dims if not isinstance(d, int)]
+    total = sum(d for d in dims if isinstance(d, int))
+    if not named:
+        return total
+    if len(named) == 1 and isinstance(named[0], Sym):
+        return Sym(named[0].name, named[0].offset + total)
+    return None
+
+
+def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
+          default: Sequence[int] | None = None) -> Sequence[int] | np.ndarray | None:
+    """The constant ints of input ``position`` or, in opsets before it was an input, of
+    ``attribute``; ``default`` when the node has neither; None when they are not constant."""
+    if position < len(node.inputs) and node.inputs[position] is not None:
+        return rules.constant(node.inputs[position])
+    found = next((a for a in node.proto.attribute if a.name == attribute), None)
+    return list(found.ints) if found is not None else default
+
+
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
-    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul}
+    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Pad": _pad, "Slice": _slice}
 
 
-def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[Dim]]) -> onnx.ModelProto:
+def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
     """A copy without weights' bytes and with no declared shape but the inputs', whose
     unnamed dimensions get their binding names: what inference concludes from the inputs alone."""
     light = without_weights(model)
