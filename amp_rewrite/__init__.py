@@ -5,7 +5,7 @@ Layers, each importing only those beneath it: ``ir`` (the model as data), ``poli
 samples), ``numerics`` (compare, check, localize), ``rewrite`` (the mixed-precision
 passes and their pipeline) beside ``autodiff`` (gradient rules and the backward pass,
 on ``ir`` alone), ``training`` (losses, loss scaling, optimizers, the step graph, the
-trainer), ``workflows`` (convert with validation, check with explanations) and ``cli``.
+trainer), ``workflows`` (convert with validation, check with explanations, bench) and ``cli``.
 Training lives in :mod:`amp_rewrite.training`.
 """
 
@@ -18,9 +18,10 @@ from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import analyze
 from amp_rewrite.rewrite.report import Report
+from amp_rewrite.workflows.bench import BenchResult, bench
 from amp_rewrite.workflows.check import check
 from amp_rewrite.workflows.convert import convert
 
 __version__ = "0.1.0"
-__all__ = ["Analysis", "CheckResult", "Color", "ConvertOptions", "Precision", "Report", "Tolerance", "UserError",
-           "analyze", "check", "convert"]
+__all__ = ["Analysis", "BenchResult", "CheckResult", "Color", "ConvertOptions", "Precision", "Report", "Tolerance",
+           "UserError", "analyze", "bench", "check", "convert"]

@@ -151,18 +151,22 @@ def test_bench_converts_for_the_provider_and_explains_what_stays_float32() -> No
     assert sum(o.ms for o in mixed.by_op) == pytest.approx(sum(mixed.time_by_kind.values()))
 
 
-def test_bench_of_a_model_converted_for_cuda_shows_the_cpu_fallbacks(tmp_path) -> None:
+def test_bench_of_given_models_shows_the_cpu_fallbacks_and_amp_rewrites_view(tmp_path) -> None:
     original = tmp_path / "m.onnx"
     onnx.save(_model(), original)
-    mixed, _ = amp_rewrite.convert(_model(), provider="CUDAExecutionProvider")
-    onnx.save(mixed, tmp_path / "cuda.onnx")
-    result = bench(str(original), [str(tmp_path / "cuda.onnx")], provider="CPUExecutionProvider", **FAST)
-    row = result.models[1]
-    assert row.label == "cuda.onnx" and result.conversion == ""
-    assert row.fallbacks.get("MatMul") == 1
-    reasons = {n.node: n.reason for n in row.float32_nodes}
-    assert "no float16 kernel for it: it ran in float32" in reasons["mm"]
-    assert row.verdict.startswith(("pays: ", "inconclusive: ") if row.speedup >= 1.1 else "does not pay: ")
+    for provider, name in (("CUDAExecutionProvider", "cuda.onnx"), ("CPUExecutionProvider", "cpu.onnx")):
+        onnx.save(amp_rewrite.convert(_model(), provider=provider)[0], tmp_path / name)
+    result = bench(str(original), [str(tmp_path / "cuda.onnx"), str(tmp_path / "cpu.onnx")],
+                   provider="CPUExecutionProvider", **FAST)
+    cuda, cpu = result.models[1:]
+    assert (cuda.label, cpu.label, result.conversion) == ("cuda.onnx", "cpu.onnx", "")
+    assert cuda.fallbacks.get("MatMul") == 1 and not cpu.fallbacks
+    reasons = {n.node: n.reason for n in cuda.float32_nodes}
+    assert "float16 in the model, but CPUExecutionProvider has no float16 kernel for it: it ran in float32" \
+        in reasons["mm"]
+    assert {n.node: n.reason for n in cpu.float32_nodes}["mm"] == (
+        "amp-rewrite would keep it float32: allow: CPUExecutionProvider has no float16 kernel for MatMul at opset 17")
+    assert cuda.verdict.startswith(("pays: ", "inconclusive: ") if cuda.speedup >= 1.1 else "does not pay: ")
 
 
 def test_cli_bench_prints_the_table_and_writes_the_report(tmp_path) -> None:

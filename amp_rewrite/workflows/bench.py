@@ -187,7 +187,7 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
         refused = next((t for t in timings[:len(baselines)] if isinstance(t, str)), None)
         if refused:
             raise UserError(f"ONNX Runtime cannot run the float32 model: {refused}")
-        reasons = _reasons(original, options)
+        reasons = _reasons(original, options, "" if conversion else "amp-rewrite would keep it float32: ")
         reference = timings[0]
         rows = [_row(entry.label, timing, reference) for entry, timing in zip(baselines, timings)]
         failed = {}
@@ -225,12 +225,14 @@ def _row(label: str, timing: Timing, reference: Timing) -> ModelBench:
                       dict(sorted(kinds.items(), key=lambda item: -item[1])))
 
 
-def _reasons(original: onnx.ModelProto, options: ConvertOptions) -> dict[str, str]:
-    """Why the default analysis keeps each float32 candidate there, by ``node_key``."""
+def _reasons(original: onnx.ModelProto, options: ConvertOptions, prefix: str) -> dict[str, str]:
+    """Why the analysis with ``options`` keeps each float32 candidate there, by ``node_key``
+    (``prefix`` first: for a model that another run or tool made, it is amp-rewrite's view)."""
     analysis = analyze(original, dataclasses.replace(options, range_check="off"))
     decisions = analysis.coloring.decisions.items()
-    return {node_key(analysis.index.nodes[i]): d.reason if d.reason.startswith(f"{d.op_class}:")
-            else f"{d.op_class}: {d.reason}" for i, d in decisions if d.color is not Color.LOW}
+    return {node_key(analysis.index.nodes[i]): prefix + (d.reason if d.reason.startswith(f"{d.op_class}:")
+                                                         else f"{d.op_class}: {d.reason}")
+            for i, d in decisions if d.color is not Color.LOW}
 
 
 @dataclass
