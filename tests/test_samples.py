@@ -112,6 +112,21 @@ def test_a_count_shared_by_two_names_is_guessed_as_1_and_the_rest() -> None:
     assert colors(out)["allow1"] == "fp32"
 
 
+def test_a_second_guess_gives_the_other_names_2_where_a_reflect_pad_needs_more_than_1() -> None:
+    """[batch, seq] reshaped to [2, 2]: the first guess batch=1, seq=4 fails the reflect Pad of
+    batch; the second, batch=2, seq=2, runs (fuzz find)."""
+    m = model("""(float[batch,seq] x) => (float[2,2] a, float[b2,seq] p) {
+        [r1] y = Reshape(x, shape)
+        [allow1] a = MatMul(y, w)
+        [pad] p = Pad <mode = "reflect"> (x, pads) }""",
+              {"w": np.full((2, 2), 3e4, np.float32), "pads": np.array([0, 0, 1, 0], np.int64),
+               "shape": np.array([2, 2], np.int64)})
+    texts = [text for text, _ in samples.attempts(m)]
+    assert texts[:2] == ["batch=1 (from Reshape 'r1', guessed), seq=4 (from Reshape 'r1')",
+                         "batch=2 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')"]
+    _measured_after_the_reshape(m)
+
+
 def test_a_model_that_no_set_runs_is_still_converted_with_the_check_skipped() -> None:
     """batch x 16 elements can never be 2 x 7 x 15: no extent runs the MatMul after the Reshape."""
     m = model("""(float[batch,16] x) => (float[2,7,16] y) { [r1] r = Reshape(x, shape)

@@ -22,7 +22,8 @@ in their place stands for them wherever it reaches. Then, until nothing new is l
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
-goes to the last of them that appears once, the others 1 (marked "guessed").
+goes to the last of them that appears once, the others 1 (marked "guessed"; a second guess,
+``guess=2``, gives them 2 where the count allows it).
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ def unnamed_dim(input_name: str, axis: int) -> str:
 
 
 def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]],
-                 given: Mapping[str, Pin] | None = None) -> dict[str, Pin]:
+                 given: Mapping[str, Pin] | None = None, guess: int = 1) -> dict[str, Pin]:
     """Bindings of the dimension names in ``shapes`` (the model's inputs, each dimension fixed
-    or named) that the graph implies, starting from ``given``, which wins over them."""
+    or named) that the graph implies, starting from ``given``, which wins over them. ``guess``
+    is the extent a guess gives the names that share a count with the last, where the count
+    allows it (else 1): 2 is a second guess for a model that the first (1) does not run (a
+    reflect Pad needs an extent above 1)."""
     pins = dict(given or {})
     names = {d for dims in shapes.values() for d in dims if isinstance(d, str)}
     if not names - set(pins):
@@ -89,7 +93,7 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
     declared = _declared(model, rules.index)
     _apply(rules, declared)
     if names - set(pins):  # then guess: a count shared by several names goes to the last of them
-        rules.guessing = True
+        rules.guess = guess
         _apply(rules, declared)
     return pins
 
@@ -115,8 +119,9 @@ class _Rules:
 
     def __init__(self, index: ModelIndex, names: set[str], pins: dict[str, Pin]) -> None:
         self.index, self.names, self.pins = index, names, pins
-        self.guessing = False
-        """Whether ``same_count`` may split a count among several names (the others get 1)."""
+        self.guess = 0
+        """When not 0, ``same_count`` may split a count among several names, the others getting
+        this extent where the count allows it, else 1."""
         self.aliases: dict[str, Dim] = {}
         """What a fresh name that inference gave (``unk__0`` for a Pad's padded axis) stands for."""
         self.derived: dict[ValueKey, tuple] = {}
@@ -194,7 +199,7 @@ class _Rules:
         last name of ``dims`` not yet bound makes up what the fixed extents lack (others 1)."""
         extents = [self.extent(d) for d in dims]
         factors = [self.extent(f) for f in factors]
-        if not self.guessing or None in extents or not all(isinstance(f, int) for f in factors):
+        if not self.guess or None in extents or not all(isinstance(f, int) for f in factors):
             return
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
@@ -204,11 +209,12 @@ class _Rules:
             least = max(1, 1 + unknown[-1].offset)  # the last name at 1 or more
             self.split(unknown, -(-least // step) * step, origin, last_guessed=True)
 
-    def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False) -> None:
-        """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), 1 (guessed) for
-        the others' names."""
+    def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False,
+              others: int = 1) -> None:
+        """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), ``others``
+        (guessed) for the others' names."""
         for dim in dims[:-1]:
-            self.pin(Sym(dim.name), 1, f"{origin}, guessed")
+            self.pin(Sym(dim.name), others, f"{origin}, guessed")
         self.pin(dims[-1], extent, f"{origin}, guessed" if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
@@ -230,14 +236,16 @@ class _Rules:
         side, factors = sides[0], {}
         for dim in unknown[sides[0]].elements():
             factors.setdefault(dim.name, []).append(dim)
-        if len(factors) > 1 and not self.guessing:
+        if len(factors) > 1 and not self.guess:
             return
         *others, last = sorted(factors, key=lambda name: len(factors[name]) == 1)  # solve for one appearing once
-        rest = _at_one(d for name in others for d in factors[name])
-        count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
-        extent = None if left_over else _solved(factors[last], count)
-        if extent is not None:
-            self.split([Sym(name) for name in (*others, last)], extent, origin)
+        for at in dict.fromkeys((self.guess or 1, 1)):  # the others at the guess where the count allows, else 1
+            rest = math.prod(at + d.offset for name in others for d in factors[name])
+            count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
+            extent = None if left_over else _solved(factors[last], count)
+            if extent is not None:
+                self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
+                return
 
 
 def _solved(dims: Sequence[Sym], count: int) -> int | None:
