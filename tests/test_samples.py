@@ -112,19 +112,37 @@ def test_a_count_shared_by_two_names_is_guessed_as_1_and_the_rest() -> None:
     assert colors(out)["allow1"] == "fp32"
 
 
-def test_a_second_guess_gives_the_other_names_2_where_a_reflect_pad_needs_more_than_1() -> None:
-    """[batch, seq] reshaped to [2, 2]: the first guess batch=1, seq=4 fails the reflect Pad of
-    batch; the second, batch=2, seq=2, runs (fuzz find)."""
-    m = model("""(float[batch,seq] x) => (float[2,2] a, float[b2,seq] p) {
+@pytest.mark.parametrize("op, least, guesses", [
+    # Rule: a reflect Pad of 1 needs 2 rows or more, so the guess gives batch 2, not 1 (fuzz find)
+    ("p = Pad <mode = \"reflect\"> (x, pads)", "", ["batch=2 (from Reshape 'r1', guessed), seq=2"]),
+    # a Split in two that no rule knows: the first guess (batch 1) fails, the second gives 2
+    ("p, q = Split(x)", ", float[c,seq] q", ["batch=1 (from Reshape 'r1', guessed), seq=4",
+                                             "batch=2 (from Reshape 'r1', guessed), seq=2"]),
+])
+def test_guesses_give_names_what_their_readers_need(op: str, least: str, guesses: list[str]) -> None:
+    """[batch, seq] reshaped to [2, 2]: the count 4 is split between batch and seq."""
+    m = model(f"""(float[batch,seq] x) => (float[2,2] a, float[b,seq] p{least}) {{
         [r1] y = Reshape(x, shape)
         [allow1] a = MatMul(y, w)
-        [pad] p = Pad <mode = "reflect"> (x, pads) }""",
-              {"w": np.full((2, 2), 3e4, np.float32), "pads": np.array([0, 0, 1, 0], np.int64),
-               "shape": np.array([2, 2], np.int64)})
+        {op} }}""", {"w": np.full((2, 2), 3e4, np.float32), "pads": np.array([0, 0, 1, 0], np.int64),
+                     "shape": np.array([2, 2], np.int64)})
     texts = [text for text, _ in samples.attempts(m)]
-    assert texts[:2] == ["batch=1 (from Reshape 'r1', guessed), seq=4 (from Reshape 'r1')",
-                         "batch=2 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')"]
+    assert len(texts) >= len(guesses) and all(t.startswith(g) for t, g in zip(texts, guesses)), texts
     _measured_after_the_reshape(m)
+
+
+def test_a_gather_of_a_constant_index_makes_its_axis_hold_it() -> None:
+    """Rule: Gather of index 1 on seq needs seq >= 2; [batch, seq, ?] reshaped to [2] then
+    guesses batch=1, seq=2, the third 1 (fuzz find: all ones failed)."""
+    m = model("""(float[batch,seq,?] x) => (float[2] a, float[batch,?] g) {
+        [r1] y = Reshape(x, shape)
+        [allow1] a = Mul(y, w)
+        [gather] g = Gather <axis = 1> (x, idx) }""",
+              {"w": np.full((2,), 3e4, np.float32), "idx": np.array(1, np.int64), "shape": np.array([2], np.int64)})
+    description, data = next(samples.attempts(m))
+    assert data[0]["x"].shape == (1, 2, 1), description
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured"), report.range_check
 
 
 def test_a_model_that_no_set_runs_is_still_converted_with_the_check_skipped() -> None:

@@ -23,7 +23,8 @@ in their place stands for them wherever it reaches. Then, until nothing new is l
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
 goes to the last of them that appears once, the others 1 (marked "guessed"; a second guess,
-``guess=2``, gives them 2 where the count allows it).
+``guess=2``, gives them 2 where the count allows it), or the least their readers need: a
+Gather of a constant index on the axis (index 2 needs 3), a reflect Pad (a pad of 1 needs 2).
 """
 
 from __future__ import annotations
@@ -126,10 +127,13 @@ class _Rules:
         """What a fresh name that inference gave (``unk__0`` for a Pad's padded axis) stands for."""
         self.derived: dict[ValueKey, tuple] = {}
         """Shapes that rules computed for values whose inferred shape lacks them (a Pad with axes)."""
+        self.least: dict[str, int] = {}
+        """The smallest extent each name may take (a Gather of index 2 on its axis needs 3): what
+        a guess gives a name at the least."""
 
     def learnt(self) -> int:
         """How much the rules have found: more after a round that found something."""
-        return len(self.pins) + len(self.aliases) + len(self.derived)
+        return len(self.pins) + len(self.aliases) + len(self.derived) + sum(self.least.values())
 
     def shape(self, key: ValueKey | None) -> tuple[Dim, ...] | None:
         """The shape, each name as a Sym (or what it is an alias of): as derived, else as inferred;
@@ -209,12 +213,17 @@ class _Rules:
             least = max(1, 1 + unknown[-1].offset)  # the last name at 1 or more
             self.split(unknown, -(-least // step) * step, origin, last_guessed=True)
 
+    def at_least(self, dim: Dim, extent: int) -> None:
+        """``dim`` must be ``extent`` or more."""
+        if isinstance(dim, Sym) and dim.name in self.names:
+            self.least[dim.name] = max(self.least.get(dim.name, 1), extent - dim.offset)
+
     def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False,
-              others: int = 1) -> None:
+              others: Mapping[str, int] | None = None) -> None:
         """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), ``others``
-        (guessed) for the others' names."""
+        (guessed: 1 where it names none) for the others' names."""
         for dim in dims[:-1]:
-            self.pin(Sym(dim.name), others, f"{origin}, guessed")
+            self.pin(Sym(dim.name), (others or {}).get(dim.name, 1), f"{origin}, guessed")
         self.pin(dims[-1], extent, f"{origin}, guessed" if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
@@ -239,11 +248,14 @@ class _Rules:
         if len(factors) > 1 and not self.guess:
             return
         *others, last = sorted(factors, key=lambda name: len(factors[name]) == 1)  # solve for one appearing once
-        for at in dict.fromkeys((self.guess or 1, 1)):  # the others at the guess where the count allows, else 1
-            rest = math.prod(at + d.offset for name in others for d in factors[name])
+        # the others at the guess (and their least) where the count allows, else at their least, else 1
+        tries = ({name: max(self.guess, self.least.get(name, 1)) for name in others},
+                 {name: self.least.get(name, 1) for name in others}, dict.fromkeys(others, 1))
+        for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
+            rest = math.prod(at[name] + d.offset for name in others for d in factors[name])
             count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
             extent = None if left_over else _solved(factors[last], count)
-            if extent is not None:
+            if extent is not None and extent >= self.least.get(last, 1):
                 self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
                 return
 
@@ -317,11 +329,23 @@ def _pad(rules: _Rules, node: Node) -> None:
     if axes is None or len(pads) != 2 * len(axes):
         return
     dims = list(data)
+    mirrored = any(a.name == "mode" and a.s == b"reflect" for a in node.proto.attribute)
     for axis, before, after in zip(axes, pads[:len(axes)], pads[len(axes):]):
         if not -len(dims) <= axis < len(dims):
             return
+        if mirrored:  # a reflection of n needs more than n elements
+            rules.at_least(dims[axis], max(int(before), int(after)) + 1)
         dims[axis] = _sum([dims[axis], int(before + after)])
     rules.derive(node.outputs[0], dims)
+
+
+def _gather(rules: _Rules, node: Node) -> None:
+    """Constant indices on a named axis need it to hold them: index 2 (or -3) needs 3."""
+    data, indices = rules.shape(node.inputs[0]), rules.constant(node.inputs[1] if len(node.inputs) > 1 else None)
+    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
+    if data is None or indices is None or not indices.size or not -len(data) <= axis < len(data):
+        return
+    rules.at_least(data[axis], max(int(indices.max()) + 1, -int(indices.min())))
 
 
 def _slice(rules: _Rules, node: Node) -> None:
@@ -398,7 +422,8 @@ def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
 
 
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
-    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Pad": _pad, "Slice": _slice}
+    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Pad": _pad, "Slice": _slice,
+    "Gather": _gather}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
