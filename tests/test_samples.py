@@ -113,8 +113,8 @@ def test_a_count_shared_by_two_names_is_guessed_as_1_and_the_rest() -> None:
 
 
 @pytest.mark.parametrize("op, least, guesses", [
-    # Rule: a reflect Pad of 1 needs 2 rows or more, so the guess gives batch 2, not 1 (fuzz find)
-    ("p = Pad <mode = \"reflect\"> (x, pads)", "", ["batch=2 (from Reshape 'r1', guessed), seq=2"]),
+    # Rule: a reflect Pad of 1 needs 2 rows or more: batch takes the count, not 1 (fuzz find)
+    ("p = Pad <mode = \"reflect\"> (x, pads)", "", ["batch=4 (from Reshape 'r1'), seq=1 (from Reshape 'r1', guessed)"]),
     # a Split in two that no rule knows: the first guess (batch 1) fails, the second gives 2
     ("p, q = Split(x)", ", float[c,seq] q", ["batch=1 (from Reshape 'r1', guessed), seq=4",
                                              "batch=2 (from Reshape 'r1', guessed), seq=2"]),
@@ -131,16 +131,18 @@ def test_guesses_give_names_what_their_readers_need(op: str, least: str, guesses
     _measured_after_the_reshape(m)
 
 
-def test_a_gather_of_a_constant_index_makes_its_axis_hold_it() -> None:
-    """Rule: Gather of index 1 on seq needs seq >= 2; [batch, seq, ?] reshaped to [2] then
-    guesses batch=1, seq=2, the third 1 (fuzz find: all ones failed)."""
-    m = model("""(float[batch,seq,?] x) => (float[2] a, float[batch,?] g) {
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_gather_of_a_constant_index_makes_its_axis_hold_it(count: int) -> None:
+    """Rule: Gather of index 1 on seq needs seq >= 2; [batch, seq, ?] reshaped to [2] or [3]
+    then guesses seq=2 or 3, the others 1 (fuzz finds: all ones failed; 3 is prime)."""
+    m = model(f"""(float[batch,seq,?] x) => (float[{count}] a, float[batch,?] g) {{
         [r1] y = Reshape(x, shape)
         [allow1] a = Mul(y, w)
-        [gather] g = Gather <axis = 1> (x, idx) }""",
-              {"w": np.full((2,), 3e4, np.float32), "idx": np.array(1, np.int64), "shape": np.array([2], np.int64)})
+        [gather] g = Gather <axis = 1> (x, idx) }}""",
+              {"w": np.full((count,), 3e4, np.float32), "idx": np.array(1, np.int64),
+               "shape": np.array([count], np.int64)})
     description, data = next(samples.attempts(m))
-    assert data[0]["x"].shape == (1, 2, 1), description
+    assert data[0]["x"].shape == (1, count, 1), description
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured"), report.range_check
 

@@ -22,9 +22,10 @@ in their place stands for them wherever it reaches. Then, until nothing new is l
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
-goes to the last of them that appears once, the others 1 (marked "guessed"; a second guess,
-``guess=2``, gives them 2 where the count allows it), or the least their readers need: a
-Gather of a constant index on the axis (index 2 needs 3), a reflect Pad (a pad of 1 needs 2).
+goes to the last of them that appears once (the one that needs most, below), the others 1
+(marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it), or
+the least their readers need: a Gather of a constant index on the axis (index 2 needs 3), a
+reflect Pad (a pad of 1 needs 2).
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ class _Rules:
             factors.setdefault(dim.name, []).append(dim)
         if len(factors) > 1 and not self.guess:
             return
-        *others, last = sorted(factors, key=lambda name: len(factors[name]) == 1)  # solve for one appearing once
+        # solve for a name appearing once, the one that needs the most if any: it takes what is left
+        *others, last = sorted(factors, key=lambda name: (len(factors[name]) == 1, self.least.get(name, 1)))
         # the others at the guess (and their least) where the count allows, else at their least, else 1
         tries = ({name: max(self.guess, self.least.get(name, 1)) for name in others},
                  {name: self.least.get(name, 1) for name in others}, dict.fromkeys(others, 1))
