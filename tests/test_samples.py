@@ -131,6 +131,18 @@ def test_guesses_give_names_what_their_readers_need(op: str, least: str, guesses
     _measured_after_the_reshape(m)
 
 
+def test_a_name_squared_before_a_reshape_with_minus_one_takes_the_extent_that_fits() -> None:
+    """seq x seq reshaped to [-1, 4]: seq 2 (seq=4 or a first guess of 1 and 4 would not do; fuzz find)."""
+    m = model("""(float[1,seq,2] x) => (float[?,4] a) {
+        [t] xt = Transpose <perm = [0, 2, 1]> (x)
+        [square] s = MatMul(x, xt)
+        [r1] y = Reshape(s, shape)
+        [allow1] a = MatMul(y, w) }""", {"w": np.full((4, 4), 3e4, np.float32), "shape": np.array([-1, 4], np.int64)})
+    description, data = next(samples.attempts(m))
+    assert data[0]["x"].shape == (1, 2, 2), description
+    _measured_after_the_reshape(m)
+
+
 @pytest.mark.parametrize("count", [2, 3])
 def test_a_gather_of_a_constant_index_makes_its_axis_hold_it(count: int) -> None:
     """Rule: Gather of index 1 on seq needs seq >= 2; [batch, seq, ?] reshaped to [2] or [3]

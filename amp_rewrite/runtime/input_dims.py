@@ -201,7 +201,9 @@ class _Rules:
 
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
         """When guessing: ``dims`` must hold a multiple of the fixed ``factors``' product; the
-        last name of ``dims`` not yet bound makes up what the fixed extents lack (others 1)."""
+        last name of ``dims`` not yet bound makes up what the fixed extents lack, at the
+        smallest extent that does (others at their least, 1 mostly; a name may appear more
+        than once: seq x seq a multiple of 4 makes seq 2)."""
         extents = [self.extent(d) for d in dims]
         factors = [self.extent(f) for f in factors]
         if not self.guess or None in extents or not all(isinstance(f, int) for f in factors):
@@ -209,10 +211,17 @@ class _Rules:
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
         unknown = [e for e in extents if isinstance(e, Sym)]
-        if unknown and needed > 0 and have > 0 and have % needed and _at_one(unknown[:-1]) > 0:
-            step = needed // math.gcd(needed, have * _at_one(unknown[:-1]))
-            least = max(1, 1 + unknown[-1].offset)  # the last name at 1 or more
-            self.split(unknown, -(-least // step) * step, origin, last_guessed=True)
+        if not unknown or needed <= 0 or have <= 0 or not have % needed:
+            return
+        *others, last = dict.fromkeys(d.name for d in unknown)
+        at = {name: self.least.get(name, 1) for name in others}
+        have *= math.prod(at[d.name] + d.offset for d in unknown if d.name != last)
+        mine = [d for d in unknown if d.name == last]
+        low = max(self.least.get(last, 1), 1 - min(d.offset for d in mine))
+        for extent in range(low, low + needed + 1) if have > 0 else ():
+            if not have * math.prod(extent + d.offset for d in mine) % needed:
+                self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
+                return
 
     def at_least(self, dim: Dim, extent: int) -> None:
         """``dim`` must be ``extent`` or more."""
@@ -271,11 +280,6 @@ def _solved(dims: Sequence[Sym], count: int) -> int | None:
         middle = (low + high) // 2
         low, high = (middle + 1, high) if math.prod(middle + d.offset for d in dims) < count else (low, middle)
     return low if math.prod(low + d.offset for d in dims) == count else None
-
-
-def _at_one(dims: Iterable[Sym]) -> int:
-    """The product of ``dims`` when their names are 1 (what a guess leaves the last name)."""
-    return math.prod(1 + d.offset for d in dims)
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
