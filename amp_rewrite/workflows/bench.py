@@ -366,8 +366,10 @@ def _causes(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fa
     casts = [n for n in nodes if n.kind == "cast"]
     float32 = [n for n in nodes if n.kind == "float32" and n.name not in fallen]
     low_nodes = {n.name: n.ms for n in nodes if n.kind in LOW_KINDS and n.name not in fallen}
+    in_baseline = {n.name for n in baseline}
+    off = {o.node for o in row.off_tensor_cores}
     same_in_float32 = ms(n for n in baseline if n.name in low_nodes)
-    low_ms = sum(ms for name, ms in low_nodes.items() if name in {n.name for n in baseline})
+    low_ms = sum(ms for name, ms in low_nodes.items() if name in in_baseline)
     fallback_ms = ms(inserted) + ms(n for n in nodes if n.name in fallen)
     top_ops = Counter()
     for node in float32:
@@ -384,7 +386,7 @@ def _causes(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fa
                       "ONNX Runtime's optimizer made)"),
         (low_ms - same_in_float32, f"its {low} kernels are no faster than its float32 ones here ({low_ms:.3g} ms per "
                                    f"run against {same_in_float32:.3g} ms for the same nodes in float32)"),
-        (ms(n for n in nodes if n.name in {o.node for o in row.off_tensor_cores}),
+        (ms(n for n in nodes if n.name in off),
          f"{len(row.off_tensor_cores)} matrix products or convolutions have weight dimensions that are not multiples "
          f"of {TENSOR_CORE_MULTIPLE}, which keeps them off Tensor Cores"),
     ]
