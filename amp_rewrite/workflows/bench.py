@@ -39,7 +39,7 @@ from amp_rewrite.numerics.check import load_model
 from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY
+from amp_rewrite.rewrite.passes.measure_ranges import recorded_fp32
 from amp_rewrite.rewrite.pipeline import analyze
 from amp_rewrite.runtime import samples
 from amp_rewrite.runtime.emulate import LOW_TYPES
@@ -263,7 +263,7 @@ class _Mixed:
             dims = info.type.tensor_type.shape.dim
             if all(d.HasField("dim_value") for d in dims):
                 shapes.setdefault(info.name, [d.dim_value for d in dims])
-        recorded = json.loads(next((p.value for p in mixed.metadata_props if p.key == RECORD_KEY), "{}"))
+        recorded = recorded_fp32(mixed)
         return cls(low, low_nodes, inputs, producers, shapes, recorded)
 
     def input_shape(self, node: NodeTime, position: int) -> list[int] | None:

@@ -21,6 +21,12 @@ from amp_rewrite.runtime.isolate import isolated
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
 _GENERATED = "generated inputs"
+
+
+def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
+    """What RECORD_KEY in the model's metadata holds: the reason for each node (by ``node_key``)
+    that measurements kept float32."""
+    return json.loads(next((p.value for p in model.metadata_props if p.key == RECORD_KEY), "") or "{}")
 _NAMED = 5
 """Values named in the warning when none could be measured."""
 
@@ -101,10 +107,9 @@ class MeasureRanges:
         return over
 
     def _apply_record(self, analysis: Analysis) -> None:
-        recorded = next((p.value for p in analysis.index.model.metadata_props if p.key == RECORD_KEY), None)
-        if not recorded:
+        kept = recorded_fp32(analysis.index.model)
+        if not kept:
             return
-        kept = json.loads(recorded)
         for node_id in analysis.slots:
             key = node_key(analysis.index.nodes[node_id])
             reason = kept.get(key)
