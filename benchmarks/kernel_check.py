@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 import amp_rewrite  # noqa: E402
 from amp_rewrite.ir.precision import Precision  # noqa: E402
 from amp_rewrite.policy.kernels import kernel_table  # noqa: E402
+from amp_rewrite.runtime import instrument  # noqa: E402
 from amp_rewrite.runtime.isolate import isolated  # noqa: E402
 from amp_rewrite.runtime.timing import INSERTED_CAST  # noqa: E402
 
@@ -286,16 +287,10 @@ def observe(case: Prepared, provider: str, folder: str) -> Finding:
 def _session(model: onnx.ModelProto, provider: str, folder: str, label: str):
     """A session with graph optimizations off (the node stays as the table sees it), the
     optimized model saved (ONNX Runtime's inserted casts are in it) and the profiler on."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 4
-    options.optimized_model_filepath = os.path.join(folder, f"{label}.optimized.onnx")
-    options.enable_profiling = True
-    options.profile_file_prefix = os.path.join(folder, f"{label}.profile")
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
-    return session, onnx.load(options.optimized_model_filepath)
+    optimized = os.path.join(folder, f"{label}.optimized.onnx")
+    session = instrument.session(model, provider=provider, profile_prefix=os.path.join(folder, f"{label}.profile"),
+                                 save_optimized=optimized)
+    return session, onnx.load(optimized)
 
 
 def _run(session, feeds: dict) -> None:
@@ -344,9 +339,7 @@ def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: It
     import onnxruntime as ort
 
     precision = Precision(precision)
-    if provider not in ort.get_available_providers():
-        raise amp_rewrite.UserError(f"{provider} is not available in this onnxruntime "
-                                    f"(available: {', '.join(ort.get_available_providers())})")
+    instrument.require_provider(provider)
     table = kernel_table(provider)
     result = Check(provider, precision.value, ort.__version__, table.source)
     by_op: dict[str, list[Prepared]] = {}

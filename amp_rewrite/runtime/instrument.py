@@ -197,24 +197,33 @@ class _StatBuilder:
         return carried, owner.graph
 
 
+def require_provider(provider: str) -> None:
+    """A clear error when the installed onnxruntime does not offer ``provider``."""
+    import onnxruntime as ort
+
+    if provider not in ort.get_available_providers():
+        raise UserError(f"{provider} is not available in this onnxruntime "
+                        f"(available: {', '.join(ort.get_available_providers())})")
+
+
 OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
 """ONNX Runtime's graph optimization levels by the names ``session`` takes."""
 
 
 def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
-            provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None):
+            provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None,
+            save_optimized: str | os.PathLike | None = None):
     """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
     start); external data is read from ``base_dir``. ``optimize`` is a key of OPTIMIZATION (the
     graph rewrites ONNX Runtime may do). ``reuse_memory=False`` skips ONNX Runtime's
     buffer-reuse planning, whose time grows faster than linearly with the node count (minutes
     for 20k nodes), at the price of holding every intermediate value to the end of a run.
-    ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file)."""
+    ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
+    ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it)."""
     import onnxruntime as ort
 
-    if provider not in ort.get_available_providers():
-        raise UserError(f"{provider} is not available in this onnxruntime "
-                        f"(available: {', '.join(ort.get_available_providers())})")
+    require_provider(provider)
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION[optimize])
     options.log_severity_level = 4
@@ -222,6 +231,8 @@ def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
+    if save_optimized:
+        options.optimized_model_filepath = os.fspath(save_optimized)
     if base_dir:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          os.fspath(base_dir))
