@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from amp_rewrite import convert  # noqa: E402
 from amp_rewrite.numerics.check import run_model  # noqa: E402
 from amp_rewrite.runtime import samples  # noqa: E402
-from amp_rewrite.workflows.bench import bench  # noqa: E402
+from amp_rewrite.workflows.bench import bench, default_options  # noqa: E402
 from models import builders  # noqa: E402
 from models.light import LIGHT, randomize_weights, with_batch  # noqa: E402
 
@@ -123,8 +123,7 @@ def run_case(case: Case, provider: str, folder: Path, warmup: int, runs: int) ->
     source = folder / "float32.onnx"
     onnx.save(model, source)
     ours = folder / "amp-rewrite.onnx"
-    _, report = convert(str(source), str(ours), provider=provider if provider in ("CUDAExecutionProvider",
-                                                                                   "CPUExecutionProvider") else None)
+    _, report = convert(str(source), str(ours), default_options(provider))
     peers, missing = peer_outputs(source, folder)
     result = bench(str(source), [str(ours), *map(str, peers)], provider=provider, shapes=shapes, warmup=warmup,
                    runs=runs)

@@ -164,7 +164,7 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
         if count < least:
             raise UserError(f"{name} must be at least {least}, got {count}")
     provider = provider or default_provider()
-    options = options or ConvertOptions(provider=provider if provider in PROVIDERS else ConvertOptions.provider)
+    options = options or default_options(provider)
     original, original_dir = load_model(model)
     data = samples.resolve(inputs, original)
     if random or not data:
@@ -203,6 +203,11 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
             "launch on the host, not its kernel: read the shares as indicative" if provider in ASYNCHRONOUS else "")
     return BenchResult(provider, reference.binding, len(data), warmup, runs, profile_runs, note, rows,
                        f"{first.label}: {first.verdict}" if first else "no mixed model ran", conversion, failed)
+
+
+def default_options(provider: str) -> ConvertOptions:
+    """The default conversion for ``provider``: its kernel table where one is known, else the default's."""
+    return ConvertOptions(provider=provider if provider in PROVIDERS else ConvertOptions.provider)
 
 
 def _label(model, position: int) -> str:
