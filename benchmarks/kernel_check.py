@@ -50,7 +50,7 @@ from amp_rewrite.ir.precision import Precision  # noqa: E402
 from amp_rewrite.policy.kernels import kernel_table  # noqa: E402
 from amp_rewrite.runtime import instrument  # noqa: E402
 from amp_rewrite.runtime.isolate import isolated  # noqa: E402
-from amp_rewrite.runtime.timing import INSERTED_CAST  # noqa: E402
+from amp_rewrite.runtime.timing import INSERTED_CAST, KERNEL_SUFFIX, first_line  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "work" / "kernel_check"
 NODE = "kernel_check_node"
@@ -60,8 +60,6 @@ LOW, FALLBACK, FAILS, UNCLEAR = "low", "fallback", "fails", "unclear"
 low-precision kernel; the low model failed otherwise; the float32 model fails too."""
 NO_KERNEL = "Could not find an implementation"
 """ONNX Runtime's error when no provider registers a kernel for a node's types."""
-KERNEL_TIME = "_kernel_time"
-"""The suffix of a node's event in ONNX Runtime's profile."""
 LOW_TYPES = {"float16", "bfloat16"}
 """Element type names in ONNX Runtime's profile that count as low precision."""
 
@@ -258,14 +256,14 @@ def observe(case: Prepared, provider: str, folder: str) -> Finding:
         session, _ = _session(case.model, provider, folder, "float32")
         _run(session, case.feeds)
     except Exception as exc:
-        return found(UNCLEAR, f"the float32 model fails too: {_first_line(exc)}")
+        return found(UNCLEAR, f"the float32 model fails too: {_said(exc)}")
     ran = _checked_nodes(_profiled(session))
     if any(where != provider for where, _ in ran.values()):
         return found(UNCLEAR, f"the float32 node runs on {_where(ran)} too")
     try:
         session, optimized = _session(case.low, provider, folder, "low")
     except Exception as exc:
-        text = _first_line(exc)
+        text = _said(exc)
         return found(FALLBACK if NO_KERNEL in text else FAILS, f"session fails: {text}")
     inserted = [n.name for n in optimized.graph.node if n.name.startswith(INSERTED_CAST)]
     if inserted:
@@ -273,7 +271,7 @@ def observe(case: Prepared, provider: str, folder: str) -> Finding:
     try:
         _run(session, case.low_feeds)
     except Exception as exc:
-        return found(FAILS, f"run fails: {_first_line(exc)}")
+        return found(FAILS, f"run fails: {_said(exc)}")
     ran = _checked_nodes(_profiled(session))
     expanded = "" if NODE in ran else "ONNX Runtime expanded the node's function body; "
     if any(where != provider for where, _ in ran.values()):
@@ -311,11 +309,11 @@ def _profiled(session) -> dict[str, tuple[str, set[str]]]:
     placed = {}
     with open(session.end_profiling()) as events:
         for event in json.load(events):
-            if event.get("cat") == "Node" and event.get("name", "").endswith(KERNEL_TIME):
+            if event.get("cat") == "Node" and event.get("name", "").endswith(KERNEL_SUFFIX):
                 args = event.get("args", {})
                 types = {t for key in ("input_type_shape", "output_type_shape")
                          for entry in args.get(key, []) for t in entry}
-                placed[event["name"].removesuffix(KERNEL_TIME)] = args.get("provider", ""), types
+                placed[event["name"].removesuffix(KERNEL_SUFFIX)] = args.get("provider", ""), types
     return placed
 
 
@@ -328,8 +326,9 @@ def _where(placed: dict[str, tuple[str, set[str]]]) -> str:
     return ", ".join(sorted({where for where, _ in placed.values()}))
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+def _said(exc: BaseException) -> str:
+    """An error as a finding's evidence: its first line, at most 300 characters."""
+    return first_line(exc)[:300]
 
 
 def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: Iterable[str] | None = None,
@@ -362,7 +361,7 @@ def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: It
         try:
             result.findings += isolated(work, f"onnxruntime ({op})") if isolate else work(lambda text: None)
         except amp_rewrite.UserError as exc:  # a crash or hang in the child: every case of the op fails
-            result.findings += [Finding(c.case, c.op, c.opset, c.params, c.table, FAILS, _first_line(exc))
+            result.findings += [Finding(c.case, c.op, c.opset, c.params, c.table, FAILS, _said(exc))
                                 for c in cases]
     return result
 

@@ -43,7 +43,8 @@ KINDS = {"float16": "float16", "bfloat16": "bfloat16", "float": "float32", "doub
 INSERTED_CAST = "InsertedPrecisionFreeCast_"
 """ONNX Runtime names so the casts it inserts around a node its provider has no kernel for."""
 COPY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
-_KERNEL_SUFFIX = "_kernel_time"
+KERNEL_SUFFIX = "_kernel_time"
+"""The suffix of a node's event name in ONNX Runtime's profile."""
 
 
 @dataclass
@@ -108,7 +109,7 @@ def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: 
             try:
                 session, bound, memory = _start(entry, provider, device, warmup)
             except Exception as exc:  # a model ONNX Runtime refuses spoils no other
-                found.append(_first_line(exc))
+                found.append(first_line(exc))
                 continue
             live[position] = (session, bound)
             found.append(Timing([], _binding_text(provider, device), host_side_profile=provider in ASYNCHRONOUS,
@@ -155,7 +156,8 @@ def _profile(entry: Timed, provider: str, device: str, runs: int) -> list[NodeTi
             return node_times(json.load(events), skip=1)  # the first run allocates: not a steady-state time
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its type's name when it has no text)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
@@ -184,9 +186,9 @@ def node_times(events: list[dict], skip: int = 0) -> list[NodeTime]:
     seen: dict[str, int] = {}
     for event in events:
         name = event.get("name", "")
-        if event.get("cat") != "Node" or not name.endswith(_KERNEL_SUFFIX):
+        if event.get("cat") != "Node" or not name.endswith(KERNEL_SUFFIX):
             continue
-        name = name[:-len(_KERNEL_SUFFIX)]
+        name = name[:-len(KERNEL_SUFFIX)]
         seen[name] = seen.get(name, 0) + 1
         if seen[name] <= skip:
             continue
