@@ -63,12 +63,20 @@ BROADCASTING = frozenset(s.name for s in defs.get_all_schemas()
 """Ops whose inputs broadcast numpy-style, as their ONNX schemas say (Add, Mul, Where, ...)."""
 
 
+GUESSED = ", guessed"
+"""How a guessed binding's origin ends (``from Reshape 'r1', guessed``)."""
+
+
 @dataclass(frozen=True)
 class Pin:
     """An extent for a dimension name, and what implied it."""
 
     extent: int
     origin: str
+
+    @property
+    def guessed(self) -> bool:
+        return self.origin.endswith(GUESSED)
 
 
 def unnamed_dim(input_name: str, axis: int) -> str:
@@ -233,8 +241,8 @@ class _Rules:
         """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), ``others``
         (guessed: 1 where it names none) for the others' names."""
         for dim in dims[:-1]:
-            self.pin(Sym(dim.name), (others or {}).get(dim.name, 1), f"{origin}, guessed")
-        self.pin(dims[-1], extent, f"{origin}, guessed" if last_guessed else origin)
+            self.pin(Sym(dim.name), (others or {}).get(dim.name, 1), origin + GUESSED)
+        self.pin(dims[-1], extent, origin + GUESSED if last_guessed else origin)
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown

@@ -116,8 +116,8 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
 
     First the extents the graph implies (``input_dims.implied_dims``), NAMED_DIM or UNNAMED_DIM
     for the others (where the graph's counts were guessed, then its second guess); then the
-    others at each of FALLBACK_DIMS; then, if the graph implied
-    anything, the same without what it implied. ``implied_first=False`` puts the plain
+    others at each of FALLBACK_DIMS; then, if the graph implied anything, the same without
+    what it implied. ``implied_first=False`` puts the plain
     defaults first and infers what the graph implies only when they are rejected: for a
     caller that retries, the inference (a shape inference of the whole model) is paid only
     by the models that need it. ``shapes`` fix inputs outright and bind the names their
@@ -139,7 +139,7 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
             yield given, None
         implied = input_dims.implied_dims(model, named, given)
         yield implied, None
-        if any(pin.origin.endswith(", guessed") for pin in implied.values()):
+        if any(pin.guessed for pin in implied.values()):
             yield input_dims.implied_dims(model, named, given, guess=2), None
         yield from ((implied, size) for size in FALLBACK_DIMS)
         if implied != given:
