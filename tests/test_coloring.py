@@ -252,6 +252,25 @@ def test_a_value_that_flushes_to_zero_before_a_log_is_computed_in_float32():
     assert np.isfinite(expected).all() and np.isfinite(run(emulated(out), x=x)[0]).all()
 
 
+def test_a_subnormal_value_before_a_log_is_computed_in_float32():
+    """Rule: a value float16 holds only as a subnormal (here 3e-8 to 5e-8: one significant bit)
+    keeps its producer float32 before a Log, though none of it flushes in the float32 run;
+    in float16 every such element is 5.96e-8, and rounding upstream flushes it to zero
+    (a fuzz-found -inf)."""
+    m = model("""(float[1,6] x) => (float[1,6] y) {
+        [allow1] h = MatMul(x, w)
+        [sig1] s = Sigmoid(h)
+        [log1] y = Log(s)
+    }""", {"w": np.eye(6, dtype=np.float32)})
+    x = np.array([[-16.9, -17.0, -17.2, -17.3, -14.0, -11.0]], np.float32)
+    out, report = convert(m, inputs=[{"x": x}])
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "4 nonzero elements on the given inputs are subnormal" in reasons["sig1"]
+    assert "Log 'log1'" in reasons["sig1"]
+    assert colors(out) == {"allow1": "low", "sig1": "fp32", "log1": "fp32"}
+    np.testing.assert_allclose(run(emulated(out), x=x)[0], run(m, x=x)[0], rtol=2e-3)
+
+
 def test_bfloat16_target_uses_bfloat16_types():
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] a = MatMul(x, w) \n [inf1] y = Relu(a) }",
               {"w": W["w"]})

@@ -35,6 +35,11 @@ class Precision(str, enum.Enum):
         return float(ml_dtypes.finfo(self.numpy_type).smallest_subnormal)
 
     @cached_property
+    def smallest_normal(self) -> float:
+        """Below this, values are subnormal: fewer significant bits, down to one."""
+        return float(ml_dtypes.finfo(self.numpy_type).smallest_normal)
+
+    @cached_property
     def short(self) -> str:
         return "fp16" if self is Precision.FLOAT16 else "bf16"
 

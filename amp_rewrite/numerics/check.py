@@ -102,26 +102,28 @@ class CheckResult:
 @dataclass
 class Runs:
     """What ``run_model`` brings back: each sample's outputs (exposed values included), and
-    the statistics of the watched values over all samples when a threshold was given."""
+    the statistics of the watched values over all samples when thresholds were given."""
 
     results: list[dict[str, np.ndarray]]
     measured: dict = field(default_factory=dict)
 
 
 def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
-              emulate: bool = False, watch: Sequence = (), threshold: float = 0.0, what: str = "model") -> Runs:
+              emulate: bool = False, watch: Sequence = (), thresholds: instrument.Thresholds | None = None,
+              what: str = "model") -> Runs:
     """Run ``model`` (emulated: with low-precision storage rounding) on every sample in one
     session, in a child process (``isolate``): a crash of ONNX Runtime is one clear error."""
     data = [samples.checked(sample, model) for sample in data]
 
     def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
-        exposed = instrument.expose(runnable, watch, threshold)
+        exposed = instrument.expose(runnable, watch, thresholds or instrument.Thresholds(0.0, 0.0))
         progress(f"creating the {what}'s session on {provider}")
         session = instrument.session(exposed.model, base_dir, provider)
         progress(f"running the {what} on {provider}")
         results = [instrument.run(session, sample) for sample in data]
-        measured = instrument.merge(instrument.measure(exposed, r, threshold) for r in results) if threshold else {}
+        measured = (instrument.merge(instrument.measure(exposed, r, thresholds) for r in results)
+                    if thresholds else {})
         return Runs(results, measured)
 
     return isolated(work, f"onnxruntime ({what})")

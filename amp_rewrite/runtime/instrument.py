@@ -3,7 +3,7 @@
 ``expose`` derives a model whose outputs include the values asked for: a
 top-level value becomes a graph output as it is; a value inside an If, Loop or
 Scan body is reduced in the body to a statistics vector
-``[max |x|, nonzero elements, elements below a threshold]`` that is carried out
+``[max |x|, nonzero elements, elements below each of two thresholds]`` that is carried out
 through each enclosing control-flow node (as a Loop or Scan scan output, or an
 If output with an empty stand-in in the other branch). One run of that model
 measures every value of the model, nested ones included.
@@ -23,6 +23,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import ModelIndex, ValueKey
+from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.types import typed_index
 
 STAT_PREFIX = "__amp_stat"
@@ -33,39 +34,56 @@ _SCAN_OUTPUT_ATTRIBUTES = ("scan_output_axes", "scan_output_directions")
 
 
 @dataclass(frozen=True)
+class Thresholds:
+    """The magnitudes below which statistics count nonzero elements: ``flush`` (they become
+    zero in the low type) and ``normal`` (the low type's smallest normal: below it a value
+    keeps fewer significant bits, and rounding upstream can flush it)."""
+
+    flush: float
+    normal: float
+
+    @classmethod
+    def of(cls, precision: Precision) -> Thresholds:
+        return cls(precision.smallest_subnormal / 2, precision.smallest_normal)
+
+
+@dataclass(frozen=True)
 class ValueStats:
     """What a run showed of one float value."""
 
     max_abs: float
     nonzero: int
     small: int
-    """Nonzero elements with magnitude below the threshold the stats were taken with."""
+    """Nonzero elements with magnitude below ``Thresholds.flush``."""
+    subnormal: int
+    """Nonzero elements with magnitude below ``Thresholds.normal`` (``small`` among them)."""
 
     @classmethod
-    def of(cls, array: np.ndarray, threshold: float) -> ValueStats:
+    def of(cls, array: np.ndarray, thresholds: Thresholds) -> ValueStats:
         """Over the finite elements: a -inf mask value overflows nothing."""
         magnitude = np.abs(np.asarray(array, dtype=np.float32)).ravel()
         peak = float(magnitude.max()) if magnitude.size else 0.0
         if peak < np.inf:  # the common case: no inf or NaN (a NaN peak compares false too)
             nonzero = int(np.count_nonzero(magnitude))
-            if threshold <= 0:
-                return cls(peak, nonzero, 0)
             zeros = magnitude.size - nonzero
-            return cls(peak, nonzero, int(np.count_nonzero(magnitude < threshold)) - zeros)
+            return cls(peak, nonzero, int(np.count_nonzero(magnitude < thresholds.flush)) - zeros,
+                       int(np.count_nonzero(magnitude < thresholds.normal)) - zeros)
         finite = magnitude[np.isfinite(magnitude)]
         peak = float(finite.max()) if finite.size else (float("inf") if magnitude.size else 0.0)
         nonzero = finite[finite > 0]
-        return cls(peak, int(nonzero.size), int(np.count_nonzero(nonzero < threshold)))
+        return cls(peak, int(nonzero.size), int(np.count_nonzero(nonzero < thresholds.flush)),
+                   int(np.count_nonzero(nonzero < thresholds.normal)))
 
     @classmethod
     def of_rows(cls, rows: np.ndarray) -> ValueStats:
-        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 4)
         if not rows.size:
-            return cls(0.0, 0, 0)
-        return cls(float(rows[:, 0].max()), int(rows[:, 1].sum()), int(rows[:, 2].sum()))
+            return cls(0.0, 0, 0, 0)
+        return cls(float(rows[:, 0].max()), *(int(count) for count in rows[:, 1:].sum(axis=0)))
 
     def merged(self, other: ValueStats) -> ValueStats:
-        return ValueStats(max(self.max_abs, other.max_abs), self.nonzero + other.nonzero, self.small + other.small)
+        return ValueStats(max(self.max_abs, other.max_abs), self.nonzero + other.nonzero, self.small + other.small,
+                          self.subnormal + other.subnormal)
 
     @property
     def small_share(self) -> float:
@@ -90,10 +108,10 @@ def float_values(model: onnx.ModelProto, top_level: bool = False) -> list[ValueK
             if v.producer is not None and v.elem_type == TensorProto.FLOAT and (v.key[0] == 0 or not top_level)]
 
 
-def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float) -> Exposed:
+def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds) -> Exposed:
     """A copy of ``model`` whose outputs also give each value of ``keys`` (float values)."""
     keys = list(keys)
-    exposed = lift_nested(model, keys, threshold, copy=True)
+    exposed = lift_nested(model, keys, thresholds, copy=True)
     present = {o.name for o in exposed.model.graph.output}
     for _, name in (k for k in keys if k[0] == 0):
         if name not in present:
@@ -103,7 +121,7 @@ def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float) -
     return exposed
 
 
-def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: float,
+def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds,
                 copy: bool = False) -> Exposed:
     """``model`` (a copy when ``copy`` or when a value of ``keys`` is nested) in which every nested
     value of ``keys`` is reduced to a statistics row carried to a top-level output (``stats``)."""
@@ -115,7 +133,7 @@ def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey], threshold: flo
     stats: dict[str, ValueKey] = {}
     if nested:
         index = typed_index(model)
-        builder = _StatBuilder(index, threshold)
+        builder = _StatBuilder(index, thresholds)
         for key in nested:
             name = builder.lift(key) if key in index.values else None
             if name is not None:
@@ -128,9 +146,9 @@ class _StatBuilder:
     """Makes the statistics nodes: one ``GraphBuilder`` per graph (model-wide names, constants
     cached per graph), whose nodes are appended to their graph by ``finish``."""
 
-    def __init__(self, index: ModelIndex, threshold: float) -> None:
+    def __init__(self, index: ModelIndex, thresholds: Thresholds) -> None:
         self.index = index
-        self.threshold = threshold
+        self.thresholds = thresholds
         self.owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
         self.root = GraphBuilder(Names.of_model(index.model), index.opsets.get("", onnx.defs.onnx_opset_version()),
                                  prefix=STAT_PREFIX + "_")
@@ -166,15 +184,17 @@ class _StatBuilder:
         return True
 
     def _stat_nodes(self, b: GraphBuilder, value: str) -> str:
-        """Nodes computing [max |x|, nonzero count, count below threshold] (shape [3])."""
+        """Nodes computing [max |x|, nonzero count, count below each threshold] (shape [4])."""
         zero = b.const(np.zeros(1, np.float32))
         flat = b.op("Reshape", b.op("Abs", value), b.ints([-1]))
         padded = b.op("Concat", flat, zero, axis=0)
         peak = b.op("ReduceMax", padded, keepdims=1)
         nonzero = b.op("Cast", b.op("Greater", padded, zero), to=TensorProto.FLOAT)
-        small = b.op("Cast", b.op("Less", padded, b.const(np.array([self.threshold], np.float32))),
-                     to=TensorProto.FLOAT)
-        counts = [b.op("ReduceSum", nonzero, keepdims=1), b.op("ReduceSum", b.op("Mul", nonzero, small), keepdims=1)]
+        counts = [b.op("ReduceSum", nonzero, keepdims=1)]
+        for threshold in (self.thresholds.flush, self.thresholds.normal):
+            below = b.op("Cast", b.op("Less", padded, b.const(np.array([threshold], np.float32))),
+                         to=TensorProto.FLOAT)
+            counts.append(b.op("ReduceSum", b.op("Mul", nonzero, below), keepdims=1))
         return b.op("Concat", peak, *counts, axis=0)
 
     def _carry_out(self, graph_id: int, name: str) -> tuple[str, int]:
@@ -250,9 +270,10 @@ def run(sess, feeds: Mapping[str, np.ndarray], names: list[str] | None = None) -
     return dict(zip(names, sess.run(names, dict(feeds))))
 
 
-def measure(exposed: Exposed, results: Mapping[str, np.ndarray], threshold: float) -> dict[ValueKey, ValueStats]:
+def measure(exposed: Exposed, results: Mapping[str, np.ndarray],
+            thresholds: Thresholds) -> dict[ValueKey, ValueStats]:
     """Statistics of every exposed value from one run's results."""
-    measured = {(0, name): ValueStats.of(results[name], threshold) for name in exposed.top}
+    measured = {(0, name): ValueStats.of(results[name], thresholds) for name in exposed.top}
     for name, key in exposed.stats.items():
         measured[key] = ValueStats.of_rows(results[name])
     return measured

@@ -30,7 +30,7 @@ from onnx import helper
 
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.runtime import instrument
-from amp_rewrite.runtime.instrument import ValueStats
+from amp_rewrite.runtime.instrument import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import FORKS, Progress, Started, release_free_memory
 from amp_rewrite.runtime.samples import Sample
 
@@ -100,7 +100,7 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
 
 
 def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
-            data: Sequence[Sample], threshold: float, base_dir: str | os.PathLike | None,
+            data: Sequence[Sample], thresholds: Thresholds, base_dir: str | os.PathLike | None,
             progress: Progress, types: Mapping[str, int] | None = None) -> dict[ValueKey, ValueStats]:
     """Statistics of the ``top`` values (output name -> value) and of the statistics rows that
     ``instrument.expose`` carried out (``stats``), over every sample of ``data``.
@@ -109,7 +109,7 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
     the later half of the stages runs in a second child process, which creates its sessions
     while this one runs the first half: session creation, the larger part of the cost, on two
     cores. This process then only waits, its freed memory handed back to the system."""
-    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, threshold, base_dir)
+    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
     live = [dict(sample) for sample in data]
     split = _halfway(runs.stages) if types is not None and FORKS else len(runs.stages)
     later = None
@@ -135,9 +135,9 @@ class _Runs:
     """The stages of one measurement, and what they measured so far."""
 
     def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey],
-                 stats: Mapping[str, ValueKey], threshold: float, base_dir) -> None:
+                 stats: Mapping[str, ValueKey], thresholds: Thresholds, base_dir) -> None:
         self.model, self.stages, self.top, self.stats = model, stages, top, stats
-        self.threshold, self.base_dir = threshold, base_dir
+        self.thresholds, self.base_dir = thresholds, base_dir
         self.weights = {t.name: t for t in model.graph.initializer}
         self.measured: dict[ValueKey, ValueStats] = {}
 
@@ -164,7 +164,7 @@ class _Runs:
                 results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
                 for name, array in results.items():
                     if name in self.top:
-                        self.add(self.top[name], ValueStats.of(array, self.threshold))
+                        self.add(self.top[name], ValueStats.of(array, self.thresholds))
                     elif name in self.stats:
                         self.add(self.stats[name], ValueStats.of_rows(array))
                 for name in stage.done:

@@ -55,9 +55,9 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
     data = samples.resolve(options.validate, proto)
     if options.calibrate:
         data += samples.resolve(options.calibrate, proto)
-    threshold = options.precision.smallest_subnormal / 2
     watched = instrument.float_values(proto)
-    reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched, threshold=threshold,
+    reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched,
+                          thresholds=instrument.Thresholds.of(options.precision),
                           what="float32 model")
     expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]

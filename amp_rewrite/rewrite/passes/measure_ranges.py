@@ -36,8 +36,10 @@ class MeasureRanges:
     inputs when the range check runs), no candidate produces or reads in low precision
     a value, in any graph, whose measured magnitude exceeds ``precision max / headroom``
     or (calibration data only) of whose nonzero elements more than ``flush_share``
-    flush to zero, or (any data) of whose nonzero elements any flushes to zero where a
-    reader turns zero into inf or NaN (``ZERO_SINGULAR_INPUTS``: log, divisor); such nodes
+    flush to zero, or (any data) of whose nonzero elements any is subnormal in the low type
+    where a reader turns zero into inf or NaN (``ZERO_SINGULAR_INPUTS``: log, divisor): a
+    subnormal keeps few significant bits, and rounding upstream flushes one that the float32
+    run left just above the flush threshold; such nodes
     are fixed float32 (SAFETY) with the measured figure as reason. When nothing could be
     measured, the report says so prominently (``--range-check on``: an error).
     """
@@ -93,9 +95,10 @@ class MeasureRanges:
             elif calibrated and stats.small_share > options.flush_share:
                 reason = (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
                           f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
-            elif stats.small and (singular := _zero_singular_reader(analysis, value)):
-                reason = (f"value {value.name!r}: {stats.small} nonzero elements on {source} flush to zero in "
-                          f"{analysis.precision.value}, and {singular} turns a zero into inf or NaN")
+            elif stats.subnormal and (singular := _zero_singular_reader(analysis, value)):
+                reason = (f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are subnormal "
+                          f"in {analysis.precision.value} (below {analysis.precision.smallest_normal:.3g}; "
+                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN")
             else:
                 continue
             over += 1
@@ -158,18 +161,18 @@ def _measure(analysis: Analysis, watched: list[Value]) -> dict:
     candidates = (iter([("", given)]) if given
                   else samples.attempts(model, options.shapes, options.seed, implied_first=False))
     first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
-    threshold = analysis.precision.smallest_subnormal / 2
+    thresholds = instrument.Thresholds.of(analysis.precision)
     sources = {v.key: _same_elements_source(analysis, v) for v in watched}
     keys = sorted(set(sources.values()))
     types = {name: value.elem_type
              for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
 
     def work(progress):
-        lifted = instrument.lift_nested(model, keys, threshold)
+        lifted = instrument.lift_nested(model, keys, thresholds)
         top = {name: (graph, name) for graph, name in keys if graph == 0}
         return samples.first_that_runs(
             itertools.chain([first], candidates),
-            lambda data: stages.measure(lifted.model, top, lifted.stats, data, threshold, analysis.base_dir,
+            lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, analysis.base_dir,
                                         progress, types))
 
     description, measured = isolated(work, "onnxruntime (range check)")
