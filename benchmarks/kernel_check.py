@@ -78,8 +78,10 @@ class Finding:
 
     @property
     def agrees(self) -> bool | None:
-        """None where the runtime showed no kernel verdict (the float32 model fails too, or the low one fails)."""
-        if self.runtime in (UNCLEAR, FAILS):
+        """None where the runtime showed no kernel verdict: the float32 model fails too, or the low
+        one fails where the table says low (a low model that fails where the table keeps the node
+        float32, as for a kernel refusing an attribute, agrees)."""
+        if self.runtime == UNCLEAR or (self.runtime == FAILS and self.table):
             return None
         return self.table == (self.runtime == LOW)
 
@@ -113,6 +115,11 @@ class Check:
     def disagreements(self) -> list[Finding]:
         return [f for f in self.findings if f.agrees is False]
 
+    @property
+    def failing(self) -> list[Finding]:
+        """Low models that fail where the table says low: no kernel verdict."""
+        return [f for f in self.findings if f.runtime == FAILS and f.agrees is None]
+
     def counts(self) -> dict[str, int]:
         """Cases by (table says, runtime shows)."""
         tally = Counter(f"table {'low' if f.table else 'float32'} / runtime {f.runtime}" for f in self.findings)
@@ -121,7 +128,7 @@ class Check:
     def summary(self) -> str:
         agree = sum(f.agrees is True for f in self.findings)
         unclear = sum(f.runtime == UNCLEAR for f in self.findings)
-        failing = [f for f in self.findings if f.runtime == FAILS]
+        failing = self.failing
         wrong = sorted({f.op for f in self.disagreements})
         ops = len({f.op for f in self.findings})
         return (f"kernel check {self.provider} {self.precision} (onnxruntime {self.onnxruntime}, {self.table_source}): "
@@ -177,7 +184,9 @@ def prepare(case, provider: str, precision: Precision) -> Prepared | str:
         return "the node stays float32 in the all-low conversion"
     node = analysis.index.nodes[0]
     opset = analysis.index.opset(node)
-    table = kernel_table(provider).supports(node.domain, node.op_type, opset, precision.value, slots.params)
+    kernels = kernel_table(provider)
+    table = (kernels.supports(node.domain, node.op_type, opset, precision.value, slots.params)
+             and not kernels.refuses(node.proto, precision.value))
     inputs = [_array(a) for a in case.data_sets[0][0]]
     feeds = {i.name: a for i, a in zip(model.graph.input, inputs)}
     with np.errstate(over="ignore"):
@@ -376,7 +385,7 @@ def markdown(result: Check) -> str:
     lines += ["", "## Counts", "", "| table says / runtime shows | cases |", "|---|---|"]
     lines += [f"| {k} | {n} |" for k, n in result.counts().items()]
     lines += ["", "## Low models that fail (not a kernel verdict)", ""]
-    lines += _grouped([f for f in result.findings if f.runtime == FAILS]) or ["none"]
+    lines += _grouped(result.failing) or ["none"]
     lines += ["", "## Skipped cases", ""] + [f"- {n}: {why}" for why, n in result.skipped.most_common()]
     return "\n".join(lines) + "\n"
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from amp_rewrite import ConvertOptions, UserError, analyze, convert
@@ -269,6 +271,40 @@ def test_a_subnormal_value_before_a_log_is_computed_in_float32():
     assert "Log 'log1'" in reasons["sig1"]
     assert colors(out) == {"allow1": "low", "sig1": "fp32", "log1": "fp32"}
     np.testing.assert_allclose(run(emulated(out), x=x)[0], run(m, x=x)[0], rtol=2e-3)
+
+
+@pytest.mark.parametrize("policy", ["default", "all-low"])
+def test_bitcast_keeps_its_float32_input_under_every_policy(policy: str) -> None:
+    """BitCast's output is the input's bits: a float16 input would change the output's meaning
+    and break the op's same-bit-width rule (a model ONNX Runtime refuses)."""
+    m = model("""(float[2,4] x) => (int32[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [bits1] y = BitCast<to = 6>(a)
+    }""", {"w": W["w"]}, opset=26)
+    out, _ = convert(m, provider=None, policy=policy, range_check="off")
+    onnx.shape_inference.infer_shapes(out, strict_mode=True)  # raises on a float16 BitCast input
+    x = rng(4).standard_normal((2, 4)).astype(np.float32)
+    matmul = run(m, x=x)[0].view(np.float32)
+    np.testing.assert_allclose(run(out, x=x)[0].view(np.float32), matmul, rtol=3e-3, atol=3e-3)
+
+
+@pytest.mark.parametrize(("reduction", "low"), [("none", True), ("add", False), ("max", False)])
+def test_scatternd_whose_cpu_kernel_refuses_a_reduction_in_float16_stays_float32(reduction: str, low: bool) -> None:
+    """ONNX Runtime's CPU ScatterND registers float16 but refuses it at run time for any
+    reduction; the converted model (float16 inputs and outputs) must run there."""
+    m = model(f"""(float[4,4] x, float[1,4] u) => (float[4,4] y) {{
+        [scatter1] y = ScatterND<reduction = "{reduction}">(x, idx, u)
+    }}""", {"idx": np.array([[1]], np.int64)}, opset=18)
+    out, report = convert(m, provider="CPUExecutionProvider", range_check="off", keep_io_types=False)
+    assert (colors(out)["scatter1"] == "low") == low
+    if not low:
+        reason = {d.node: d.reason for d in report.decisions}["scatter1"]
+        assert f"kernel refuses reduction={reduction!r}" in reason
+    feeds = {"x": rng(5).standard_normal((4, 4)).astype(np.float32),
+             "u": rng(6).standard_normal((1, 4)).astype(np.float32)}
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {name: array.astype(np.float16) for name, array in feeds.items()})[0]
+    np.testing.assert_allclose(got.astype(np.float32), run(m, **feeds)[0], rtol=1e-2, atol=1e-2)
 
 
 def test_bfloat16_target_uses_bfloat16_types():

@@ -23,6 +23,7 @@ UNLISTED = {
     "QLinearConv": "quantized: its float inputs are scales of fixed type float",
     "QLinearMatMul": "quantized: its float inputs are scales of fixed type float",
     "TfIdfVectorizer": "its float output has a fixed type",
+    "BitCast": "reinterprets bits: its type parameters stay float32 (KEEP_FP32_TYPE_PARAMS) under every policy",
 }
 SEQUENCE_OPS = {"ConcatFromSequence", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
                 "SequenceInsert", "SequenceLength", "SplitToSequence"}

@@ -18,6 +18,9 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 
+import onnx
+from onnx import helper
+
 BUNDLED = {
     "CUDAExecutionProvider": "cuda-1.31.1.json",
     "CPUExecutionProvider": "cpu-1.31.1.json",
@@ -27,6 +30,17 @@ INLINED = {("", "CastLike"): ("", "Cast")}
 """ONNX functions that no provider registers a kernel for: ONNX Runtime inlines them into the op
 named here (same type constraint names), whose kernels run them. CastLike is a Cast to the second
 input's type; benchmarks/kernel_check.py saw it run in float16 on the CPU with no inserted cast."""
+
+REFUSED_ATTRIBUTES: dict[str, dict[tuple[str, str], tuple[str, frozenset[str], frozenset[str]]]] = {
+    "CPUExecutionProvider": {
+        ("", "ScatterND"): ("reduction", frozenset({"add", "mul", "max", "min"}), frozenset({"float16"})),
+        ("", "ScatterElements"): ("reduction", frozenset({"add", "mul"}), frozenset({"float16"})),
+    },
+}
+"""Kernels registered for a low type that refuse it at run time for some values of an attribute:
+(attribute, refused values, types) by op, per provider. ONNX Runtime 1.31.1's CPU kernels, seen by
+benchmarks/kernel_check.py: "MLFloat16 data type is not supported with ScatterND opset 16 when
+reduction is 'add'"."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,18 @@ class KernelTable:
                 pool = named or [entry.types]
                 return all(type_name in types for types in pool)
         return False
+
+
+    def refuses(self, node: onnx.NodeProto, type_name: str) -> str | None:
+        """The attribute setting (``reduction='add'``) of ``node`` for which the provider's
+        ``type_name`` kernel refuses to run (``REFUSED_ATTRIBUTES``); None when it runs."""
+        limit = REFUSED_ATTRIBUTES.get(self.provider, {}).get((_domain(node.domain), node.op_type))
+        if limit is None or type_name not in limit[2]:
+            return None
+        name, refused, _ = limit
+        value = next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+        value = value.decode() if isinstance(value, bytes) else value
+        return f"{name}={value!r}" if value in refused else None
 
 
 def _domain(domain: str) -> str:

@@ -75,7 +75,6 @@ _DENY = {
     **_group("random generator or window: output statistics and dtype are part of the contract",
              "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
              "BlackmanWindow", "HammingWindow", "HannWindow", "MelWeightMatrix"),
-    **_group("reinterprets bits: the bit width is part of the op's contract", "BitCast"),
     **_group("box or coordinate arithmetic: float16 rounding moves coordinates by pixels",
              "RoiAlign", "MaxRoiPool", "AffineGrid", "NonMaxSuppression"),
 }
@@ -139,6 +138,8 @@ KEEP_FP32_TYPE_PARAMS: MappingProxyType[OpKey, dict[str, str]] = MappingProxyTyp
     ("", "Resize"): {"T2": "roi holds coordinates; float16 rounding moves them"},
     ("", "LayerNormalization"): {"U": "mean and inverse-std-dev statistics are float32 outputs"},
     ("", "Dropout"): {"T1": "the ratio is a scalar hyper-parameter"},
+    ("", "BitCast"): {"T1": "reinterprets bits: the bit width is part of the op's contract",
+                      "T2": "reinterprets bits: the bit width is part of the op's contract"},
 })
 
 # Ops whose output element type is fixed by an attribute; a low-precision

@@ -14,7 +14,8 @@ from amp_rewrite.rewrite.options import matches_node
 
 class ColorByPolicy:
     """Invariant: every candidate has an op class; user overrides are fixed (USER),
-    nodes the provider has no low-precision kernel for are fixed float32 (SAFETY),
+    nodes the provider has no low-precision kernel for, or whose kernel refuses their
+    attributes (``REFUSED_ATTRIBUTES``), are fixed float32 (SAFETY),
     allow ops are fixed low and deny and unknown ops float32 (POLICY); infer and clear
     ops stay free.
     """
@@ -38,6 +39,9 @@ class ColorByPolicy:
             ):
                 coloring.fix(node_id, Color.FP32, f"{options.provider} has no {precision} "
                              f"kernel for {node.op_type} at opset {index.opset(node)}", Priority.SAFETY)
+            elif table is not None and (refused := table.refuses(node.proto, precision)):
+                coloring.fix(node_id, Color.FP32, f"{options.provider}'s {precision} {node.op_type} kernel "
+                             f"refuses {refused} at run time", Priority.SAFETY)
             if op_class is None:
                 op_name = node.qualified_op
                 unknown.add(op_name)
