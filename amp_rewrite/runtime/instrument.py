@@ -66,8 +66,9 @@ class ValueStats:
         if peak < np.inf:  # the common case: no inf or NaN (a NaN peak compares false too)
             nonzero = int(np.count_nonzero(magnitude))
             zeros = magnitude.size - nonzero
-            return cls(peak, nonzero, int(np.count_nonzero(magnitude < thresholds.flush)) - zeros,
-                       int(np.count_nonzero(magnitude < thresholds.normal)) - zeros)
+            subnormal = int(np.count_nonzero(magnitude < thresholds.normal)) - zeros
+            small = int(np.count_nonzero(magnitude < thresholds.flush)) - zeros if subnormal else 0
+            return cls(peak, nonzero, small, subnormal)
         finite = magnitude[np.isfinite(magnitude)]
         peak = float(finite.max()) if finite.size else (float("inf") if magnitude.size else 0.0)
         nonzero = finite[finite > 0]
