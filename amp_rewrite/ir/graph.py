@@ -8,6 +8,7 @@ that defines them and their name, which keeps shadowed names in subgraphs apart.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -137,9 +138,9 @@ class ModelIndex:
         nodes, values, scope, gid = self.nodes, self.values, graph.scope, graph.id
         read: list[tuple[Node, list[str]]] = []
         for position, node_proto in enumerate(proto.node):
-            domain = node_proto.domain
-            node = Node(len(nodes), node_proto, gid, position, [], [], node_proto.op_type,
-                        "" if domain == "ai.onnx" else domain)
+            domain = node_proto.domain  # op types and domains repeat: one string each, not one per node
+            node = Node(len(nodes), node_proto, gid, position, [], [], sys.intern(node_proto.op_type),
+                        "" if domain in ("", "ai.onnx") else sys.intern(domain))
             nodes.append(node)
             outputs = node.outputs
             for i, name in enumerate(node_proto.output):
@@ -183,16 +184,29 @@ class ModelIndex:
             graph.outputs.append(key)
 
 
-def set_type(value: Value, type_proto: onnx.TypeProto) -> None:
+TensorType = tuple[int, tuple | None]
+"""A tensor's element type (0: unknown) and shape (ints, dimension names or None; None: unknown rank)."""
+
+
+def tensor_type(type_proto: onnx.TypeProto) -> TensorType | None:
+    """The tensor type ``type_proto`` declares, or None for a non-tensor type."""
     if not type_proto.HasField("tensor_type"):
+        return None
+    declared = type_proto.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                  for d in declared.shape.dim) if declared.HasField("shape") else None
+    return declared.elem_type, shape
+
+
+def set_type(value: Value, type_proto: onnx.TypeProto) -> None:
+    found = tensor_type(type_proto)
+    if found is None:
         return
-    tensor_type = type_proto.tensor_type
-    if tensor_type.elem_type:
-        value.elem_type = tensor_type.elem_type
-    if tensor_type.HasField("shape"):
-        value.shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor_type.shape.dim
-        )
+    elem_type, shape = found
+    if elem_type:
+        value.elem_type = elem_type
+    if shape is not None:
+        value.shape = shape
 
 
 def node_key(node: Node) -> str:

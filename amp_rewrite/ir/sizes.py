@@ -1,4 +1,4 @@
-"""Element counts of values, for the cost of a cast; shapes are inferred only when asked for."""
+"""Element counts of values, for the cost of a cast; shapes the model lacks are inferred."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import onnx
 from onnx import AttributeProto
 
-from amp_rewrite.ir.graph import ModelIndex, Value, set_type, subgraphs
+from amp_rewrite.ir.graph import ModelIndex, TensorType, Value, tensor_type
 
 SYMBOLIC_DIM = 64
 """Assumed extent of a dimension with no known value (a batch or sequence length)."""
@@ -19,11 +19,12 @@ UNKNOWN_ELEMENTS = 4096
 
 
 class ValueSizes:
-    """Element counts; runs ONNX shape inference once, the first time a shape is missing."""
+    """Element counts. Shapes the model does not declare come from ONNX shape inference, run
+    once: ahead (``inferred``, from ``inferred_types``) or the first time a shape is missing."""
 
-    def __init__(self, index: ModelIndex) -> None:
+    def __init__(self, index: ModelIndex, inferred: dict[int, dict[str, TensorType]] | None = None) -> None:
         self.index = index
-        self._inferred: dict[int, dict[str, onnx.ValueInfoProto]] | None = None
+        self._inferred = inferred
 
     def elements(self, value: Value) -> int:
         if value.shape is None:
@@ -41,27 +42,35 @@ class ValueSizes:
 
     def _read_inferred(self, value: Value) -> None:
         if self._inferred is None:
-            self._inferred = self._infer()
+            self._inferred = inferred_types(self.index.model)
         graph_id, name = value.key
-        info = self._inferred.get(graph_id, {}).get(name)
-        if info is not None:
-            elem_type = value.elem_type
-            set_type(value, info.type)
-            value.elem_type = elem_type or value.elem_type
+        found = self._inferred.get(graph_id, {}).get(name)
+        if found is not None:
+            elem_type, shape = found
+            value.elem_type = value.elem_type or elem_type
+            value.shape = shape if shape is not None else value.shape
 
-    def _infer(self) -> dict[int, dict[str, onnx.ValueInfoProto]]:
-        """Inferred value infos by graph id and name (read lazily: most values never need one)."""
-        light = without_weights(self.index.model).SerializeToString()  # the copy is gone before inference
-        try:
-            inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
-        except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
-            return {}
-        graphs = {0: inferred.graph}
-        for owner, graph_ids in self.index.subgraphs.items():  # owners in the order their graphs were numbered
-            node = self.index.nodes[owner]
-            graphs.update(zip(graph_ids, subgraphs(graphs[node.graph].node[node.position])))
-        return {graph_id: {info.name: info for info in (*proto.value_info, *proto.output)}
-                for graph_id, proto in graphs.items()}
+
+def inferred_types(model: onnx.ModelProto) -> dict[int, dict[str, TensorType]]:
+    """Tensor types by graph id (``ModelIndex``'s numbering) and name, from ONNX shape inference
+    (empty when it fails: it is a best effort). They are read out of the inferred model at
+    once, which is then dropped: kept, it would hold a second copy of every node."""
+    light = without_weights(model).SerializeToString()  # the copy is gone before inference
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:  # a custom op or a bad model stops it
+        return {}
+    del light
+    return {graph_id: {info.name: found for info in (*proto.value_info, *proto.output)
+                       if (found := tensor_type(info.type)) is not None}
+            for graph_id, proto in enumerate(iter_graphs(inferred.graph))}
+
+
+def lacks_shapes(model: onnx.ModelProto) -> bool:
+    """Whether the top-level graph declares fewer value infos than its nodes compute values:
+    then costs will need shape inference."""
+    graph = model.graph
+    return len(graph.value_info) + len(graph.output) < sum(len(node.output) for node in graph.node)
 
 
 def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:

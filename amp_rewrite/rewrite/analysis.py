@@ -48,6 +48,9 @@ class Analysis:
     measured: dict | None = None
     """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
+    inferred: dict | None = None
+    """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
+    costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
         self.policy = Policy(self.options.provider, self.options.policy)

@@ -15,10 +15,12 @@ from collections.abc import Iterator
 import onnx
 
 from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+from amp_rewrite.runtime.isolate import release_free_memory
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
@@ -28,8 +30,15 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     options = (options or ConvertOptions()).validated()
     with gc_paused():
         started = time.perf_counter()
-        analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured)
-        analysis.seconds["ModelIndex"] = time.perf_counter() - started
+        # Shapes the model lacks are inferred before the index exists, and the inference's
+        # memory is handed back before the index is built: inferred after it, on a 50k-node
+        # model, they peaked at 100 MB above the index (the conversion's peak).
+        inferred = inferred_types(model) if lacks_shapes(model) else None
+        release_free_memory()
+        inferred_at = time.perf_counter()
+        analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, inferred=inferred)
+        analysis.seconds["ShapeInference"] = inferred_at - started
+        analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
         for step in ANALYSIS:
             started = time.perf_counter()
             step().run(analysis)

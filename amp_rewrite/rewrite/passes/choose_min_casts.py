@@ -27,10 +27,11 @@ class ChooseMinCasts:
     """
 
     def run(self, analysis: Analysis) -> None:
+        sizes = ValueSizes(analysis.index, analysis.inferred)
+        analysis.inferred = None  # no later pass reads shapes: its memory goes with this pass
         free = set(analysis.coloring.free_nodes())
         if not free:
             return
-        sizes = ValueSizes(analysis.index)
         float32: set[int] = set()
         for nodes, terms in _pulled_groups(analysis, free):
             float32 |= _float32_nodes(sizes, nodes, terms)
