@@ -57,21 +57,25 @@ def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages()
     assert measured[(0, "y")].max_abs == pytest.approx(2 * np.abs(np.maximum(x, 0)).max())
 
 
-def test_the_later_half_runs_in_a_second_process_with_the_same_statistics(monkeypatch) -> None:
-    """With the values' types known ahead, the later stages' sessions are made in a second
-    child process while the first half runs; a type known wrongly ahead is made again."""
+def test_the_stages_alternate_between_two_processes_with_the_same_statistics(monkeypatch) -> None:
+    """With the values' types known ahead, every other stage runs in a second child process
+    (each process makes its next session while the other runs a stage); what they hand each
+    other gives, on two samples, the statistics of one session exposing everything. A type
+    known wrongly ahead is made again from the values."""
     m = transformer(blocks=2, with_mask=True)
     monkeypatch.setattr(stages, "STAGE_NODES", 9)
     keys = [k for k in instrument.float_values(m) if k[0] == 0]
-    data = samples.generate(m, 1, seed=3)
+    data = samples.generate(m, 2, seed=3)
     types = {name: onnx.TensorProto.FLOAT for _, name in keys}
     wrong = dict(types, **{next(iter(types)): onnx.TensorProto.INT64})
     top = {name: (0, name) for _, name in keys}
+    count = len(stages.plan(m.graph, set(top)))
     expected = _at_once(m, keys, data)
     for given in (types, wrong):
         steps: list[str] = []
         assert stages.measure(m, top, {}, data, THRESHOLD, None, steps.append, given) == expected
-        assert any(step.startswith("running stages ") for step in steps)
+        ran = [int(step.split()[2]) for step in steps if step.startswith("running stage ")]
+        assert count > 4 and ran == list(range(1, count + 1, 2))  # this process: stages 1, 3, 5, ...
 
 
 def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
@@ -87,9 +91,12 @@ def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
     plan = stages.plan(m.graph, set(keys), stage_nodes=1)
     runs = stages._Runs(m, plan, keys, {}, THRESHOLD, None)
     live = [{"x": np.ones((2, 4), np.float32)}]
-    kept = []
-    for number in range(len(plan)):
-        runs.run([number], live, {}, lambda text: None)
-        kept.append(sorted(live[0]))
-    assert kept == [["a", "x"], ["b", "x"], ["b", "c"], []]
+    held = []  # the values held as each stage starts to run
+
+    def progress(text: str) -> None:
+        if text.startswith("running"):
+            held.append(sorted(live[0]))
+
+    runs.alternate(0, 1, live, {}, None, progress)
+    assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and live == [{}]
     assert set(runs.measured) == set(keys.values())

@@ -11,8 +11,9 @@ holds every exposed value at once. ``measure`` therefore
 - feeds each stage the values earlier stages computed, reduces the watched values it
   returns to ``ValueStats`` at once, and keeps only what later stages read;
 - hands what a stage freed (its session, its values) back to the system before the next;
-- runs the later half of the stages in a second process that creates its first sessions
-  while the first half runs (two cores share the session creation).
+- alternates the stages between two processes, each creating its next session while the
+  other runs a stage (two cores share the session creation), handing each other the
+  values the other's stages read.
 
 Memory holds one stage's values plus the values crossing into later stages.
 """
@@ -40,13 +41,6 @@ session and values stay small, large enough that the per-session overhead does n
 Measured on the 48.6k- and 19.4k-node benchmark transformers (2 cores): 2,500 against 10,000
 nodes took the same time (8.8 s against 8.7-9.6 s; 3.24 s against 3.3-3.6 s) with 30% less
 peak memory (724 against 1,023 MiB PSS; 412 against 557)."""
-
-
-AHEAD = 4
-"""Sessions the second process creates ahead, while the first half runs (the rest it creates as
-it goes): each holds its stage's weights and graph. On the 48.6k-node benchmark transformer,
-4 ahead took the same time as all 10 (7.4-7.9 s against 7.6-7.7 s) with 616 against 724 MiB
-peak PSS; 2 ahead was slower (8.2-8.8 s)."""
 
 
 @dataclass
@@ -117,29 +111,27 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
     ``instrument.expose`` carried out (``stats``), over every sample of ``data``.
 
     With ``types`` (the element types of top-level tensor values) and more than one stage,
-    the later half of the stages runs in a second child process, which creates its first
-    ``AHEAD`` sessions while this one runs the first half: session creation, the larger part
-    of the cost, on two cores. This process then only waits, its freed memory handed back to
-    the system."""
+    the stages alternate between this process and a second child process: each creates the
+    session of its next stage while the other runs one (session creation, the larger part
+    of the cost, overlaps the runs on two cores), and hands over what the other reads of
+    each stage's outputs as soon as it ran. Each process holds one session at a time, with
+    one thread: ONNX Runtime's per-session thread pools, spinning beside the other process,
+    made the 48.6k-node benchmark transformer's measurement take 4.3-4.9 s instead of 2.8-3.3."""
     runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
     live = [dict(sample) for sample in data]
-    split = _halfway(runs.stages) if types is not None and FORKS else len(runs.stages)
-    later = None
-    if split < len(runs.stages):
-        wanted = runs.reads_from(split)
-        inputs = {name for stage in runs.stages[split:] for name in stage.reads if name in types}
-        known = {name: helper.make_tensor_type_proto(types[name], None) for name in inputs}
-        known.update((name, _type_of(value)) for name, value in live[0].items())
-        later = Started(lambda report, receive: runs.second_half(split, known, receive, report),
-                        "onnxruntime (range check, second half)")
-    runs.run(range(split), live, {}, progress)
-    if later is not None:
-        progress(f"running stages {split + 1}-{len(runs.stages)} of {len(runs.stages)}")
-        later.send([{name: value for name, value in values.items() if name in wanted} for values in live])
-        del live
-        release_free_memory()
-        for key, found in later.result().items():
+    if types is None or not FORKS or len(runs.stages) < 2:
+        return runs.alternate(0, 1, live, {}, None, progress)
+    known = {name: helper.make_tensor_type_proto(types[name], None)
+             for stage in runs.stages for name in stage.reads if name in types}
+    known.update((name, _type_of(value)) for name, value in live[0].items())
+    other = Started(lambda report, peer: runs.alternate(1, 2, live, known, peer, report),
+                    "onnxruntime (range check, second process)")
+    try:
+        runs.alternate(0, 2, live, known, other, progress)
+        for key, found in other.result().items():
             runs.add(key, found)
+    finally:
+        other.close()
     return runs.measured
 
 
@@ -159,67 +151,66 @@ class _Runs:
         return (f"stage {number + 1} of {len(self.stages)} (nodes {stage.start}-{stage.stop - 1}, from "
                 f"{first.op_type} {first.name or first.output[0]!r})")
 
-    def session(self, number: int, types: Mapping[str, onnx.TypeProto]):
+    def session(self, number: int, types: Mapping[str, onnx.TypeProto], threads: int, progress: Progress):
+        progress(f"creating the session for {self.where(number)}")
         model = _stage_model(self.model, self.stages[number], types, self.weights)
-        return instrument.session(model, self.base_dir, reuse_memory=False)
+        return instrument.session(model, self.base_dir, reuse_memory=False, threads=threads)
 
-    def run(self, numbers: Iterable[int], live: list[Sample], sessions: dict, progress: Progress) -> None:
-        """Run the stages ``numbers`` on every sample's ``live`` values (sessions made ahead or now)."""
-        for number in numbers:
+    def alternate(self, worker: int, workers: int, live: list[Sample], known: Mapping[str, onnx.TypeProto],
+                  peer, progress: Progress) -> dict[ValueKey, ValueStats]:
+        """Run every ``workers``-th stage from ``worker`` on every sample's ``live`` values; a
+        ``peer`` (``Started`` or its child's end) runs the others. A stage's session is made
+        from the ``known`` types before the peer's values for it arrive (from the values when
+        a type is not known ahead or was wrong). The peer gets, after each stage, the outputs
+        its later stages read; after its own stage, each process keeps only what its own later
+        stages read."""
+        threads = 1 if peer is not None else 0  # two processes on two cores: no thread pool spinning beside them
+        mine = range(worker, len(self.stages), workers)
+        theirs = [number for number in range(len(self.stages)) if number % workers != worker]
+        received = 0
+        for number in mine:
             stage = self.stages[number]
-            session = sessions.pop(number, None)
-            if session is None:
-                progress(f"creating the session for {self.where(number)}")
-                session = self.session(number, {name: _type_of(live[0][name]) for name in stage.reads})
-            progress(f"running {self.where(number)}")
-            for values in live:
-                results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
-                for name, array in results.items():
-                    if name in self.top:
-                        self.add(self.top[name], ValueStats.of(array, self.thresholds))
-                    elif name in self.stats:
-                        self.add(self.stats[name], ValueStats.of_rows(array))
-                for name in stage.done:
-                    values.pop(name, None)
-                values.update((name, results[name]) for name in stage.passed)
-            del session
-            release_free_memory()
-
-    def second_half(self, split: int, types: Mapping[str, onnx.TypeProto], receive, progress: Progress) -> dict:
-        """In the second child: create the sessions of the first ``AHEAD`` stages from ``split``
-        on (those whose input types are known), then run the stages on the values the first half
-        hands over."""
-        sessions = {}
-        for number in range(split, min(len(self.stages), split + AHEAD)):
-            if all(name in types for name in self.stages[number].reads):
-                progress(f"creating the session for {self.where(number)}")
+            session = None
+            if peer is not None and all(name in known for name in stage.reads):
                 with contextlib.suppress(Exception):  # a type known ahead was wrong: made again from the values
-                    sessions[number] = self.session(number, types)
-        self.run(range(split, len(self.stages)), receive(), sessions, progress)
+                    session = self.session(number, known, threads, progress)
+            while received < len(theirs) and theirs[received] < number:
+                for values, handed in zip(live, peer.receive()):
+                    values.update(handed)
+                received += 1
+            if session is None:
+                session = self.session(number, {name: _type_of(live[0][name]) for name in stage.reads}, threads,
+                                       progress)
+            progress(f"running {self.where(number)}")
+            keep = self._read_by(later for later in mine if later > number)
+            waiting = [later for later in theirs if later > number]
+            handover = self._read_by(waiting)
+            handed = [self._run(session, stage, values, keep, handover) for values in live]
+            if waiting:  # one hand-over per stage that a later stage of the peer's waits for
+                peer.send(handed)
+            del session, handed
+            release_free_memory()
         return self.measured
 
-    def reads_from(self, split: int) -> set[str]:
-        """Values that stages ``split`` on read and do not compute themselves."""
-        wanted: set[str] = set()
-        made: set[str] = set()
-        for stage in self.stages[split:]:
-            wanted |= set(stage.reads) - made
-            made |= set(stage.outputs)
-        return wanted
+    def _run(self, session, stage: Stage, values: Sample, keep: set[str], handover: set[str]) -> Sample:
+        """Run ``stage`` on one sample's ``values`` and measure what it returns; ``values`` then
+        holds what ``keep`` names. Returns the outputs ``handover`` names."""
+        results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
+        for name, array in results.items():
+            if name in self.top:
+                self.add(self.top[name], ValueStats.of(array, self.thresholds))
+            elif name in self.stats:
+                self.add(self.stats[name], ValueStats.of_rows(array))
+        values.update((name, results[name]) for name in stage.passed)
+        for name in [name for name in values if name not in keep]:
+            del values[name]
+        return {name: results[name] for name in stage.passed if name in handover}
+
+    def _read_by(self, numbers: Iterable[int]) -> set[str]:
+        return {name for number in numbers for name in self.stages[number].reads}
 
     def add(self, key: ValueKey, found: ValueStats) -> None:
         self.measured[key] = self.measured[key].merged(found) if key in self.measured else found
-
-
-def _halfway(stages: list[Stage]) -> int:
-    """The first stage of the later half, by node count (len(stages) when there is one stage)."""
-    total = sum(stage.size for stage in stages)
-    count = 0
-    for number, stage in enumerate(stages):
-        if count and count + stage.size / 2 >= total / 2:
-            return number
-        count += stage.size
-    return len(stages)
 
 
 def _stage_model(model: onnx.ModelProto, stage: Stage, types: Mapping[str, onnx.TypeProto],
