@@ -399,3 +399,17 @@ def test_a_reshape_counts_the_elements_that_the_reshapes_before_it_reshaped() ->
                "w": np.full((10, 4), 3e4, np.float32)})
     assert _dims(m)[0] == ("batch=5 (from Reshape 'r1')", {"x": (5, 4)})
     _measured_after_the_reshape(m)
+
+
+def test_a_reshape_counts_through_a_node_that_keeps_the_shape() -> None:
+    """Rule: [batch] flattened to [-1] (a fresh name), through a Relu, then reshaped to [3]:
+    batch = 3 (found by fuzzing; the Relu ended the walk back to the named extent)."""
+    m = model("""(float[batch] x) => (float[3,4] y) { f = Reshape(x, flat)
+                                                    g = Relu(f)
+                                                    [r1] r = Reshape(g, shape)
+                                                    [allow1] a = MatMul(r, w)
+                                                    [inf1] y = Relu(a) }""",
+              {"flat": np.array([-1], np.int64), "shape": np.array([3, 1], np.int64),
+               "w": np.full((1, 4), 3e4, np.float32)})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3,)})
+    _measured_after_the_reshape(m)

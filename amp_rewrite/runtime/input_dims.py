@@ -12,7 +12,8 @@ Concat of a named extent with fixed ones give such sums, and a fresh name that i
 in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
-  reshapes, and with those that Reshapes before it reshaped), which gives the one input
+  reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
+  shape), which gives the one input
   dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
   the count is a multiple of the fixed extents;
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
@@ -306,15 +307,18 @@ def _reshape(rules: _Rules, node: Node) -> None:
 
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[Dim, ...]]:
-    """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first: all
-    hold as many elements (where a Reshape to [-1] left a fresh name, the one before it has names)."""
+    """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first,
+    through nodes whose first input has their output's shape (a Relu between two Reshapes):
+    all hold as many elements (where a Reshape to [-1] left a fresh name, the one before it
+    has names)."""
     while key is not None:
         shape = rules.shape(key)
         if shape is not None:
             yield shape
         producer = rules.index.producer_node(rules.index.values[key])
+        source = producer.inputs[0] if producer is not None and producer.inputs else None
         reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
-        key = producer.inputs[0] if reshape else None
+        key = source if reshape or (shape is not None and rules.shape(source) == shape) else None
 
 
 def _broadcast(rules: _Rules, node: Node) -> None:
