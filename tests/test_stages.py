@@ -78,6 +78,23 @@ def test_the_stages_alternate_between_two_processes_with_the_same_statistics(mon
         assert count > 4 and ran == list(range(1, count + 1, 2))  # this process: stages 1, 3, 5, ...
 
 
+def test_alternating_stages_carry_the_statistics_of_nested_values(monkeypatch) -> None:
+    """Statistics rows lifted out of If/Loop/Scan bodies, measured by stages alternating
+    between two processes, equal one session's."""
+    m = control_flow()
+    monkeypatch.setattr(stages, "STAGE_NODES", 3)
+    keys = instrument.float_values(m)
+    data = samples.generate(m, 2, seed=3)
+    lifted = instrument.lift_nested(m, keys, THRESHOLD)
+    top = {name: (graph, name) for graph, name in keys if graph == 0}
+    types = {name: onnx.TensorProto.FLOAT for name in top}
+    steps: list[str] = []
+    measured = stages.measure(lifted.model, top, lifted.stats, data, THRESHOLD, None, steps.append, types)
+    assert measured == _at_once(m, keys, data) and any(key[0] != 0 for key in measured)
+    ran = [int(step.split()[2]) for step in steps if step.startswith("running stage ")]
+    assert len(ran) > 1 and ran == list(range(1, 2 * len(ran), 2))
+
+
 def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
     """A watched value that no later stage reads is measured and dropped at once: the values
     held between stages are those crossing into later ones, not every value measured so far."""
