@@ -58,8 +58,6 @@ class Stage:
     """Its outputs that later stages read: the only ones kept past the stage."""
     done: list[str] = field(default_factory=list)
     """Values no stage after this one reads."""
-    size: int = 0
-    """Nodes, nested ones included."""
 
 
 def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
@@ -85,7 +83,6 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
             count = 0
         stages[-1].nodes.append(position)
         stages[-1].stop = position + 1
-        stages[-1].size += size
         count += size
     weights = {t.name for t in graph.initializer}
     last_read: dict[str, int] = {}
