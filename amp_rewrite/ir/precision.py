@@ -30,9 +30,9 @@ class Precision(str, enum.Enum):
         return float(ml_dtypes.finfo(self.numpy_type).max)
 
     @cached_property
-    def smallest_subnormal(self) -> float:
-        """Magnitudes below half of this round to zero."""
-        return float(ml_dtypes.finfo(self.numpy_type).smallest_subnormal)
+    def flush_below(self) -> float:
+        """Magnitudes below this (half the smallest subnormal) round to zero."""
+        return float(ml_dtypes.finfo(self.numpy_type).smallest_subnormal) / 2
 
     @cached_property
     def smallest_normal(self) -> float:

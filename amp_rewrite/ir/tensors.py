@@ -114,12 +114,12 @@ def _judge_flat(flat: np.ndarray, sizes: list[int], precision: Precision, underf
         flat[~np.isfinite(flat)] = 0
         maxima = np.maximum.reduceat(flat, starts)
     lost = np.zeros(len(starts))
-    tiny = np.flatnonzero((flat < precision.smallest_subnormal / 2) & (flat > 0))
+    tiny = np.flatnonzero((flat < precision.flush_below) & (flat > 0))
     # Squares in float64 only for the tensors where something can flush to zero.
     for segment in np.unique(np.searchsorted(starts, tiny, side="right") - 1).tolist():
         part = flat[starts[segment]:starts[segment + 1] if segment + 1 < len(starts) else len(flat)]
         squares = np.square(part, dtype=np.float64)
-        flushed = np.add.reduceat(np.where(part < precision.smallest_subnormal / 2, squares, 0.0), [0])[0]
+        flushed = np.add.reduceat(np.where(part < precision.flush_below, squares, 0.0), [0])[0]
         lost[segment] = np.sqrt(flushed / max(np.add.reduceat(squares, [0])[0], np.finfo(np.float64).tiny))
     judged = iter(zip(maxima.astype(np.float64).tolist(), lost.tolist()))
     fits = []

@@ -44,7 +44,7 @@ class Thresholds:
 
     @classmethod
     def of(cls, precision: Precision) -> Thresholds:
-        return cls(precision.smallest_subnormal / 2, precision.smallest_normal)
+        return cls(precision.flush_below, precision.smallest_normal)
 
 
 @dataclass(frozen=True)
