@@ -80,7 +80,6 @@ class KernelTable:
                 return all(type_name in types for types in pool)
         return False
 
-
     def refuses(self, node: onnx.NodeProto, type_name: str) -> str | None:
         """The attribute setting (``reduction='add'``) of ``node`` for which the provider's
         ``type_name`` kernel refuses to run (``REFUSED_ATTRIBUTES``); None when it runs."""

@@ -2,8 +2,7 @@
 
 ``isolated(work, what)`` runs ``work`` in a forked child process and returns what it
 returns (``Started`` is the same, for work that exchanges data with the caller while it
-runs). A
-Python exception in the child comes back as the same exception; a crash (a segfault in
+runs). A Python exception in the child comes back as the same exception; a crash (a segfault in
 ONNX Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 :class:`UserError` that says which step was running, taken from the last
 ``progress(text)`` the work reported. The child inherits the caller's memory, so

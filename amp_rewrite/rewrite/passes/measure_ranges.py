@@ -21,14 +21,14 @@ from amp_rewrite.runtime.isolate import isolated
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
 _GENERATED = "generated inputs"
+_NAMED = 5
+"""Values named in the warning when none could be measured."""
 
 
 def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
     """What RECORD_KEY in the model's metadata holds: the reason for each node (by ``node_key``)
     that measurements kept float32."""
     return json.loads(next((p.value for p in model.metadata_props if p.key == RECORD_KEY), "") or "{}")
-_NAMED = 5
-"""Values named in the warning when none could be measured."""
 
 
 class MeasureRanges:
