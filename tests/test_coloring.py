@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from amp_rewrite import ConvertOptions, UserError, analyze, convert
+from amp_rewrite.rewrite.passes import MeasureRanges, measure_ranges
 from amp_rewrite.runtime.emulate import emulated
 from tests.helpers import cast_count, colors, model, rng, run
 
@@ -235,6 +236,34 @@ def test_range_check_keeps_overflowing_values_fp32_with_the_measured_figure():
     assert "on generated inputs" in reasons["allow1"] and "beyond 4094" in reasons["allow1"]
     assert colors(out) == {"allow1": "fp32", "allow2": "fp32"}
     assert report.range_check.startswith("measured")
+
+
+def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
+    """The measurement starts before the analysis, in a child process, and is not run again."""
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": np.full((4, 4), 3000.0, np.float32)})
+
+    def measured_again(*args):
+        raise AssertionError("measured after the analysis")
+
+    monkeypatch.setattr(measure_ranges, "isolated", measured_again)
+    out, report = convert(m, provider=None)
+    assert colors(out) == {"allow1": "fp32"} and report.range_check.startswith("measured 1 values")
+    assert MeasureRanges.start(m, ConvertOptions(range_check="off").validated(), None) is None
+    assert MeasureRanges.start(m, ConvertOptions(precision="bfloat16").validated(), None) is None
+
+
+def test_where_not_every_value_runs_the_range_check_measures_the_watched_ones_alone():
+    """A node that no watched value needs (a custom op ONNX Runtime lacks) fails the measurement
+    of every value; the watched values are then measured on their own."""
+    m = model("""(float[2,4] x) => (float[2,4] y, float[2,4] z) {
+        [allow1] y = MatMul(x, w)
+        [custom] z = Relu(x)
+    }""", {"w": np.full((4, 4), 3000.0, np.float32)})
+    m.graph.node[1].op_type, m.graph.node[1].domain = "Frobnicate", "com.example"
+    m.opset_import.add(domain="com.example", version=1)
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured 1 values") and colors(out) == {"allow1": "fp32", "custom": "fp32"}
+    assert "beyond 4094" in {d.node: d.reason for d in report.decisions}["allow1"]
 
 
 def test_a_value_that_flushes_to_zero_before_a_log_is_computed_in_float32():

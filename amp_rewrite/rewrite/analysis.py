@@ -14,6 +14,7 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.rewrite.coloring import Color, Coloring
 from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.runtime.isolate import Started
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"
@@ -48,6 +49,9 @@ class Analysis:
     measured: dict | None = None
     """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
+    measuring: Started | None = None
+    """The range check's measurement, started before the analysis (``MeasureRanges.start``);
+    MeasureRanges collects it."""
     inferred: dict | None = None
     """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
     costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""

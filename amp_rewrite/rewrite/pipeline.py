@@ -18,7 +18,7 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts
+from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.runtime.isolate import release_free_memory
 
@@ -28,21 +28,27 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
     ``measured``: value statistics from an earlier run, used instead of running the model."""
     options = (options or ConvertOptions()).validated()
-    with gc_paused():
-        started = time.perf_counter()
-        # Shapes the model lacks are inferred before the index exists, and the inference's
-        # memory is handed back before the index is built: inferred after it, on a 50k-node
-        # model, they peaked at 100 MB above the index (the conversion's peak).
-        inferred = inferred_types(model) if lacks_shapes(model) else None
-        release_free_memory()
-        inferred_at = time.perf_counter()
-        analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, inferred=inferred)
-        analysis.seconds["ShapeInference"] = inferred_at - started
-        analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
-        for step in ANALYSIS:
+    measuring = MeasureRanges.start(model, options, base_dir) if measured is None else None
+    try:
+        with gc_paused():
             started = time.perf_counter()
-            step().run(analysis)
-            analysis.seconds[step.__name__] = time.perf_counter() - started
+            # Shapes the model lacks are inferred before the index exists, and the inference's
+            # memory is handed back before the index is built: inferred after it, on a 50k-node
+            # model, they peaked at 100 MB above the index (the conversion's peak).
+            inferred = inferred_types(model) if lacks_shapes(model) else None
+            release_free_memory()
+            inferred_at = time.perf_counter()
+            analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
+                                inferred=inferred)
+            analysis.seconds["ShapeInference"] = inferred_at - started
+            analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
+            for step in ANALYSIS:
+                started = time.perf_counter()
+                step().run(analysis)
+                analysis.seconds[step.__name__] = time.perf_counter() - started
+    finally:
+        if measuring is not None:  # not collected: the analysis failed, or nothing could change precision
+            measuring.close()
     return analysis
 
 

@@ -233,13 +233,16 @@ OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "
 
 def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
-            threads: int = 0, provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None,
+            arena: bool = True, threads: int = 0, provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None,
             save_optimized: str | os.PathLike | None = None):
     """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
     start); external data is read from ``base_dir``. ``optimize`` is a key of OPTIMIZATION (the
     graph rewrites ONNX Runtime may do). ``reuse_memory=False`` skips ONNX Runtime's
     buffer-reuse planning, whose time grows faster than linearly with the node count (minutes
     for 20k nodes), at the price of holding every intermediate value to the end of a run.
+    ``arena=False`` allocates CPU buffers from the C heap rather than ONNX Runtime's growing
+    arena: for a run without buffer reuse, whose buffers the arena keeps extending, a 48.6k-node
+    model's stages ran in 0.4 s instead of 0.9-1.4 s.
     ``threads``: the size of ONNX Runtime's intra-op thread pool (0: its default, one per core).
     ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
     ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it)."""
@@ -250,6 +253,7 @@ def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION[optimize])
     options.log_severity_level = 4
     options.enable_mem_reuse = reuse_memory
+    options.enable_cpu_mem_arena = arena
     options.intra_op_num_threads = threads
     if profile_prefix:
         options.enable_profiling = True

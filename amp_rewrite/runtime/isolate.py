@@ -39,6 +39,10 @@ class NativeFailure(UserError):
     """ONNX Runtime crashed or hung in the child process."""
 
 
+class Hung(NativeFailure):
+    """The child process ran past its time limit."""
+
+
 def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> T:
     """``work(progress)`` in a child process; ``what`` names the work in error messages."""
     if not FORKS:
@@ -94,7 +98,7 @@ class Started:
         reports on the way; its exception, crash or silence past ``timeout`` raised here."""
         while True:
             if not self.receiver.poll(self.timeout):
-                raise NativeFailure(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
+                raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
                                     f"stopped it")
             try:
                 kind, payload = self.receiver.recv()

@@ -60,19 +60,13 @@ class Stage:
     """Values no stage after this one reads."""
 
 
-def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
-    """The stages that compute ``watched`` (top-level value names) of ``graph``."""
+def plan(graph: onnx.GraphProto, watched: set[str] | None, stage_nodes: int | None = None) -> list[Stage]:
+    """The stages that compute ``watched`` (top-level value names; None: every value) of ``graph``."""
     nodes = list(graph.node)  # read each node's fields once: protobuf access costs more than lists
     nested = [_nested_nodes(n) for n in nodes]
     reads = [names_read([n]) if nested[p] else {i for i in n.input if i} for p, n in enumerate(nodes)]
     outputs = [[o for o in n.output if o] for n in nodes]
-    needed = set(watched)
-    kept = []
-    for position in range(len(nodes) - 1, -1, -1):
-        if not needed.isdisjoint(outputs[position]):
-            kept.append(position)
-            needed |= reads[position]
-    kept.reverse()
+    kept = range(len(nodes)) if watched is None else _needed(watched, reads, outputs)
     stage_nodes = stage_nodes or STAGE_NODES
     stages: list[Stage] = []
     count = 0
@@ -96,16 +90,32 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
         stage.weights = sorted(read & weights)
         stage.reads = sorted(read - weights)
         stage.passed = sorted(o for o in made if last_read.get(o, -1) > s)
-        stage.outputs = sorted(set(stage.passed).union(o for o in made if o in watched))
+        stage.outputs = sorted(made if watched is None else set(stage.passed).union(o for o in made if o in watched))
         stage.done = sorted(n for n in stage.reads if last_read[n] == s)
     return stages
 
 
-def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
+def _needed(watched: set[str], reads: list[set[str]], outputs: list[list[str]]) -> list[int]:
+    """Positions of the nodes that ``watched`` depend on, in order."""
+    needed = set(watched)
+    kept = []
+    for position in range(len(outputs) - 1, -1, -1):
+        if not needed.isdisjoint(outputs[position]):
+            kept.append(position)
+            needed |= reads[position]
+    kept.reverse()
+    return kept
+
+
+def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey] | None, stats: Mapping[str, ValueKey],
             data: Sequence[Sample], thresholds: Thresholds, base_dir: str | os.PathLike | None,
-            progress: Progress, types: Mapping[str, int] | None = None) -> dict[ValueKey, ValueStats]:
-    """Statistics of the ``top`` values (output name -> value) and of the statistics rows that
-    ``instrument.expose`` carried out (``stats``), over every sample of ``data``.
+            progress: Progress, types: Mapping[str, int] | None = None,
+            threads: int = 0) -> dict[ValueKey, ValueStats]:
+    """Statistics of the ``top`` values (output name -> value; None: every float32 tensor
+    that a top-level node computes) and of the statistics rows that
+    ``instrument.lift_nested`` carried out (``stats``), over every sample of ``data``.
+    ``threads``: ONNX Runtime's intra-op threads in one process (0: one per core; 1 when
+    something else runs beside).
 
     With ``types`` (the element types of top-level tensor values) and more than one stage,
     the stages alternate between this process and a second child process: each creates the
@@ -114,10 +124,11 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
     each stage's outputs as soon as it ran. Each process holds one session at a time, with
     one thread: ONNX Runtime's per-session thread pools, spinning beside the other process,
     made the 48.6k-node benchmark transformer's measurement take 4.3-4.9 s instead of 2.8-3.3."""
-    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
+    watched = None if top is None else set(top) | set(stats)
+    runs = _Runs(model, plan(model.graph, watched), top, stats, thresholds, base_dir)
     live = [dict(sample) for sample in data]
     if types is None or not FORKS or len(runs.stages) < 2:
-        return runs.alternate(0, 1, live, {}, None, progress)
+        return runs.alternate(0, 1, live, {}, None, progress, threads)
     known = {name: helper.make_tensor_type_proto(types[name], None)
              for stage in runs.stages for name in stage.reads if name in types}
     known.update((name, _type_of(value)) for name, value in live[0].items())
@@ -135,7 +146,7 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
 class _Runs:
     """The stages of one measurement, and what they measured so far."""
 
-    def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey],
+    def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey] | None,
                  stats: Mapping[str, ValueKey], thresholds: Thresholds, base_dir) -> None:
         self.model, self.stages, self.top, self.stats = model, stages, top, stats
         self.thresholds, self.base_dir = thresholds, base_dir
@@ -151,17 +162,16 @@ class _Runs:
     def session(self, number: int, types: Mapping[str, onnx.TypeProto], threads: int, progress: Progress):
         progress(f"creating the session for {self.where(number)}")
         model = _stage_model(self.model, self.stages[number], types, self.weights)
-        return instrument.session(model, self.base_dir, reuse_memory=False, threads=threads)
+        return instrument.session(model, self.base_dir, reuse_memory=False, arena=False, threads=threads)
 
     def alternate(self, worker: int, workers: int, live: list[Sample], known: Mapping[str, onnx.TypeProto],
-                  peer, progress: Progress) -> dict[ValueKey, ValueStats]:
+                  peer, progress: Progress, threads: int = 1) -> dict[ValueKey, ValueStats]:
         """Run every ``workers``-th stage from ``worker`` on every sample's ``live`` values; a
         ``peer`` (``Started`` or its child's end) runs the others. A stage's session is made
         from the ``known`` types before the peer's values for it arrive (from the values when
         a type is not known ahead or was wrong). The peer gets, after each stage, the outputs
         its later stages read; after its own stage, each process keeps only what its own later
         stages read."""
-        threads = 1 if peer is not None else 0  # two processes on two cores: no thread pool spinning beside them
         mine = range(worker, len(self.stages), workers)
         theirs = [number for number in range(len(self.stages)) if number % workers != worker]
         received = 0
@@ -194,10 +204,13 @@ class _Runs:
         holds what ``keep`` names. Returns the outputs ``handover`` names."""
         results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
         for name, array in results.items():
-            if name in self.top:
-                self.add(self.top[name], ValueStats.of(array, self.thresholds))
-            elif name in self.stats:
+            if name in self.stats:
                 self.add(self.stats[name], ValueStats.of_rows(array))
+            elif self.top is None:
+                if isinstance(array, np.ndarray) and array.dtype == np.float32:
+                    self.add((0, name), ValueStats.of(array, self.thresholds))
+            elif name in self.top:
+                self.add(self.top[name], ValueStats.of(array, self.thresholds))
         values.update((name, results[name]) for name in stage.passed)
         for name in [name for name in values if name not in keep]:
             del values[name]

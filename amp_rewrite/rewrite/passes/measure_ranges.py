@@ -5,18 +5,21 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 
 import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import Value, ValueKey, node_key
+from amp_rewrite.ir.graph import Value, ValueKey, node_key, subgraphs
 from amp_rewrite.ir.precision import Precision
+from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.runtime import instrument, samples, stages
-from amp_rewrite.runtime.isolate import isolated
+from amp_rewrite.runtime.isolate import FORKS, Hung, Progress, Started, isolated
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -42,13 +45,28 @@ class MeasureRanges:
     run left just above the flush threshold; such nodes
     are fixed float32 (SAFETY) with the measured figure as reason. When nothing could be
     measured, the report says so prominently (``--range-check on``: an error).
+
+    The measurement starts before the analysis (``start``, in a child process beside it) and
+    takes in every float value: which values may run low is known only when the coloring is
+    done, and measuring all of them beside the analysis costs less time than measuring fewer
+    after it. Where that measurement fails (a node that no watched value needs may be one
+    that ONNX Runtime cannot run), the watched values alone are measured again.
     """
+
+    @staticmethod
+    def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Started | None:
+        """Start measuring every float value of ``model`` for ``run``, in a child process
+        (None when the options rule the range check out, or where processes cannot fork)."""
+        if not FORKS or _skip_reason(model, options, bool(options.calibrate)):
+            return None
+        return Started(lambda progress, peer: _work(model, options, base_dir, None, None, threads=1)(progress),
+                       "onnxruntime (range check)")
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
         options = analysis.options
         calibrated = bool(options.calibrate) or analysis.measured is not None
-        skip = self._skip_reason(analysis, calibrated)
+        skip = _skip_reason(analysis.index.model, options, calibrated)
         if skip:
             analysis.range_check = f"skipped: {skip}"
             return
@@ -120,20 +138,6 @@ class MeasureRanges:
                                                 Priority.SAFETY):
                 analysis.measured_fp32[key] = reason
 
-    def _skip_reason(self, analysis: Analysis, calibrated: bool) -> str | None:
-        options = analysis.options
-        if analysis.precision is Precision.BFLOAT16:
-            return "bfloat16 has float32's range"
-        if calibrated:
-            return None
-        if options.range_check == "off":
-            return "range_check=off"
-        weight_bytes = sum(_nbytes(t) for t in analysis.index.initializers.values())
-        if options.range_check == "auto" and weight_bytes > options.range_check_max_bytes:
-            return (f"weights of {weight_bytes / 2**30:.1f} GiB exceed range_check_max_bytes "
-                    f"({options.range_check_max_bytes / 2**30:.1f} GiB); use range_check=on")
-        return None
-
     def _watched(self, analysis: Analysis) -> list[Value]:
         """Values computed by a node and touched by a node that may run low, in every graph."""
         seen: dict = {}
@@ -145,6 +149,20 @@ class MeasureRanges:
         return list(seen.values())
 
 
+def _skip_reason(model: onnx.ModelProto, options: ConvertOptions, calibrated: bool) -> str | None:
+    if options.precision is Precision.BFLOAT16:
+        return "bfloat16 has float32's range"
+    if calibrated:
+        return None
+    if options.range_check == "off":
+        return "range_check=off"
+    weight_bytes = sum(_nbytes(t) for graph in iter_graphs(model.graph) for t in graph.initializer)
+    if options.range_check == "auto" and weight_bytes > options.range_check_max_bytes:
+        return (f"weights of {weight_bytes / 2**30:.1f} GiB exceed range_check_max_bytes "
+                f"({options.range_check_max_bytes / 2**30:.1f} GiB); use range_check=on")
+    return None
+
+
 def _touching(analysis: Analysis, value: Value) -> list[int]:
     nodes = [n for n, _ in analysis.slot_readers(value)]
     producer = value.producer
@@ -154,31 +172,60 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
 
 
 def _measure(analysis: Analysis, watched: list[Value]) -> dict:
-    """Run in a child process (``isolate``), stage by stage (``stages``)."""
-    model = analysis.index.model
-    options = analysis.options
-    given = samples.resolve(options.calibrate or options.inputs, model)
-    candidates = (iter([("", given)]) if given
-                  else samples.attempts(model, options.shapes, options.seed, implied_first=False))
-    first = next(candidates)  # drawn before the session: data that cannot be made is the error to report
-    thresholds = instrument.Thresholds.of(analysis.precision)
+    """The statistics of ``watched``: from the measurement ``start`` began, or where it failed
+    (or did not start), measured now in a child process (``isolate``), stage by stage (``stages``)."""
     sources = {v.key: _same_elements_source(analysis, v) for v in watched}
-    keys = sorted(set(sources.values()))
-    types = {name: value.elem_type
-             for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
-
-    def work(progress):
-        lifted = instrument.lift_nested(model, keys, thresholds)
-        top = {name: (graph, name) for graph, name in keys if graph == 0}
-        return samples.first_that_runs(
-            itertools.chain([first], candidates),
-            lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, analysis.base_dir,
-                                        progress, types))
-
-    description, measured = isolated(work, "onnxruntime (range check)")
+    measuring, analysis.measuring = analysis.measuring, None
+    found = _result(measuring) if measuring is not None else None
+    if found is not None:
+        description, measured = found
+    else:
+        model = analysis.index.model
+        types = {name: value.elem_type
+                 for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
+        work = _work(model, analysis.options, analysis.base_dir, sorted(set(sources.values())), types)
+        description, measured = isolated(work, "onnxruntime (range check)")
     if description:
         analysis.notes.append(f"range check on generated inputs: {description}")
     return {key: measured[source] for key, source in sources.items() if source in measured}
+
+
+def _result(measuring: Started) -> tuple[str, dict] | None:
+    """What the measurement ``start`` began found; None where it failed (not where it hung:
+    measuring again would hang again)."""
+    try:
+        return measuring.result()
+    except Hung:
+        raise
+    except Exception:  # the watched values alone may run where every value did not
+        return None
+
+
+def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[ValueKey] | None,
+          types: dict[str, int] | None, threads: int = 0) -> Callable[[Progress], tuple[str, dict]]:
+    """The measurement of ``keys`` (None: every float value) on the options' data, for a
+    child process: (what extents generated inputs took, statistics by value key). The data
+    are drawn here, before any session: data that cannot be made is the error to report."""
+    given = samples.resolve(options.calibrate or options.inputs, model)
+    candidates = (iter([("", given)]) if given
+                  else samples.attempts(model, options.shapes, options.seed, implied_first=False))
+    first = next(candidates)
+    thresholds = instrument.Thresholds.of(options.precision)
+    if keys is None:
+        nested = any(True for node in model.graph.node for _ in subgraphs(node))
+        keys = [key for key in instrument.float_values(model) if key[0]] if nested else []
+        top = None
+    else:
+        top = {name: (graph, name) for graph, name in keys if graph == 0}
+
+    def work(progress: Progress) -> tuple[str, dict]:
+        lifted = instrument.lift_nested(model, keys, thresholds)
+        return samples.first_that_runs(
+            itertools.chain([first], candidates),
+            lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, base_dir,
+                                        progress, types, threads))
+
+    return work
 
 
 def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
