@@ -240,7 +240,8 @@ def test_range_check_keeps_overflowing_values_fp32_with_the_measured_figure():
 
 def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     """The measurement starts before the analysis, in a child process, and is not run again."""
-    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": np.full((4, 4), 3000.0, np.float32)})
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",
+              {"w": np.full((4, 4), 3000.0, np.float32)})
 
     def measured_again(*args):
         raise AssertionError("measured after the analysis")

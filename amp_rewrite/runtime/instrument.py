@@ -233,7 +233,8 @@ OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "
 
 def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
-            arena: bool = True, threads: int = 0, provider_options: Mapping[str, str] | None = None, profile_prefix: str | None = None,
+            arena: bool = True, threads: int = 0, provider_options: Mapping[str, str] | None = None,
+            profile_prefix: str | None = None,
             save_optimized: str | os.PathLike | None = None):
     """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
     start); external data is read from ``base_dir``. ``optimize`` is a key of OPTIMIZATION (the
