@@ -35,12 +35,13 @@ from amp_rewrite.runtime.instrument import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import FORKS, Progress, Started, release_free_memory
 from amp_rewrite.runtime.samples import Sample
 
-STAGE_NODES = 2500
+STAGE_NODES = 500
 """Nodes per stage: small enough that session creation stays linear and that a stage's
 session and values stay small, large enough that the per-session overhead does not show.
-Measured on the 48.6k- and 19.4k-node benchmark transformers (2 cores): 2,500 against 10,000
-nodes took the same time (8.8 s against 8.7-9.6 s; 3.24 s against 3.3-3.6 s) with 30% less
-peak memory (724 against 1,023 MiB PSS; 412 against 557)."""
+Measured on the 48.6k- and 19.4k-node benchmark transformers (2 cores, the analysis running
+beside): 500 nodes against 1,000 and 2,500 took 5.2-5.7 s against 5.4-5.6 and 5.4-5.9 (2.3 s
+against 2.5-2.6 and 2.4-2.8) with less peak memory (378 against 389 and 421 MiB PSS; 218
+against 228 and 261); 250 nodes saved no more memory (374)."""
 
 
 @dataclass
