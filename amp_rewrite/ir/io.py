@@ -252,6 +252,12 @@ def _pieces(model: onnx.ModelProto, deferred: Mapping[str, Precision]) -> _Piece
     return pieces
 
 
+def length_delimited(number: int, data: bytes) -> bytes:
+    """Field ``number`` holding ``data`` (a message's or a string's bytes), as protobuf writes
+    it: a parser of the message that holds the field reads it so, in any order among the others."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
 def _field_bytes(message, field) -> bytes | bytearray:
     """One field of ``message`` as protobuf serializes it (repeated messages item by item, into
     one buffer: cheaper than copying them, and no second copy of the nodes' bytes)."""

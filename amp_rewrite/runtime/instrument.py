@@ -64,9 +64,12 @@ class ValueStats:
         magnitude = np.abs(np.asarray(array, dtype=np.float32)).ravel()
         peak = float(magnitude.max()) if magnitude.size else 0.0
         if peak < np.inf:  # the common case: no inf or NaN (a NaN peak compares false too)
+            below_normal = int(np.count_nonzero(magnitude < thresholds.normal))
+            if not below_normal:  # the commonest: no zero, nothing small
+                return cls(peak, magnitude.size, 0, 0)
             nonzero = int(np.count_nonzero(magnitude))
             zeros = magnitude.size - nonzero
-            subnormal = int(np.count_nonzero(magnitude < thresholds.normal)) - zeros
+            subnormal = below_normal - zeros
             small = int(np.count_nonzero(magnitude < thresholds.flush)) - zeros if subnormal else 0
             return cls(peak, nonzero, small, subnormal)
         finite = magnitude[np.isfinite(magnitude)]
@@ -231,19 +234,18 @@ OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "
 """ONNX Runtime's graph optimization levels by the names ``session`` takes."""
 
 
-def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
             arena: bool = True, threads: int = 0, provider_options: Mapping[str, str] | None = None,
-            profile_prefix: str | None = None,
-            save_optimized: str | os.PathLike | None = None):
-    """An ONNX Runtime session on ``provider`` (a clear error when it is not there or does not
-    start); external data is read from ``base_dir``. ``optimize`` is a key of OPTIMIZATION (the
-    graph rewrites ONNX Runtime may do). ``reuse_memory=False`` skips ONNX Runtime's
-    buffer-reuse planning, whose time grows faster than linearly with the node count (minutes
-    for 20k nodes), at the price of holding every intermediate value to the end of a run.
-    ``arena=False`` allocates CPU buffers from the C heap rather than ONNX Runtime's growing
-    arena: for a run without buffer reuse, whose buffers the arena keeps extending, a 48.6k-node
-    model's stages ran in 0.4 s instead of 0.9-1.4 s.
+            profile_prefix: str | None = None, save_optimized: str | os.PathLike | None = None):
+    """An ONNX Runtime session for ``model`` (or its serialized form) on ``provider`` (a clear
+    error when it is not there or does not start); external data is read from ``base_dir``.
+    ``optimize`` is a key of OPTIMIZATION (the graph rewrites ONNX Runtime may do).
+    ``reuse_memory=False`` skips ONNX Runtime's buffer-reuse planning, whose time grows faster
+    than linearly with the node count (minutes for 20k nodes), at the price of holding every
+    intermediate value to the end of a run. ``arena=False`` allocates CPU buffers from the C
+    heap rather than from ONNX Runtime's growing arena: without buffer reuse, the 48.6k-node
+    benchmark transformer's stages ran in 0.4 s instead of 0.9-1.4 s.
     ``threads``: the size of ONNX Runtime's intra-op thread pool (0: its default, one per core).
     ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
     ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it)."""
@@ -264,7 +266,8 @@ def session(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
     if base_dir:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          os.fspath(base_dir))
-    created = ort.InferenceSession(model.SerializeToString(), options, providers=[provider],
+    serialized = model if isinstance(model, bytes) else model.SerializeToString()
+    created = ort.InferenceSession(serialized, options, providers=[provider],
                                    provider_options=[dict(provider_options or {})])
     if provider not in created.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
         raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "

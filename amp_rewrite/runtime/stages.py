@@ -30,6 +30,7 @@ import onnx
 from onnx import helper
 
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
+from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import FORKS, Progress, Started, release_free_memory
@@ -152,6 +153,7 @@ class _Runs:
         self.model, self.stages, self.top, self.stats = model, stages, top, stats
         self.thresholds, self.base_dir = thresholds, base_dir
         self.weights = {t.name: t for t in model.graph.initializer}
+        self.head = _model_head(model)
         self.measured: dict[ValueKey, ValueStats] = {}
 
     def where(self, number: int) -> str:
@@ -162,7 +164,7 @@ class _Runs:
 
     def session(self, number: int, types: Mapping[str, onnx.TypeProto], threads: int, progress: Progress):
         progress(f"creating the session for {self.where(number)}")
-        model = _stage_model(self.model, self.stages[number], types, self.weights)
+        model = _stage_model(self.model, self.head, self.stages[number], types, self.weights)
         return instrument.session(model, self.base_dir, reuse_memory=False, arena=False, threads=threads)
 
     def alternate(self, worker: int, workers: int, live: list[Sample], known: Mapping[str, onnx.TypeProto],
@@ -224,20 +226,33 @@ class _Runs:
         self.measured[key] = self.measured[key].merged(found) if key in self.measured else found
 
 
-def _stage_model(model: onnx.ModelProto, stage: Stage, types: Mapping[str, onnx.TypeProto],
-                 weights: Mapping[str, onnx.TensorProto]) -> onnx.ModelProto:
-    graph = onnx.GraphProto(name=f"stage_{stage.start}")
-    graph.node.extend(model.graph.node[p] for p in stage.nodes)
-    graph.initializer.extend(weights[n] for n in stage.weights)
-    graph.input.extend(onnx.ValueInfoProto(name=n, type=types[n]) for n in stage.reads)
+def _model_head(model: onnx.ModelProto) -> bytes:
+    """The serialized fields of a stage model but its graph: those of ``model``."""
+    head = onnx.ModelProto(ir_version=model.ir_version)
+    head.opset_import.extend(model.opset_import)
+    head.functions.extend(model.functions)
+    return head.SerializeToString()
+
+
+def _stage_model(model: onnx.ModelProto, head: bytes, stage: Stage, types: Mapping[str, onnx.TypeProto],
+                 weights: Mapping[str, onnx.TensorProto]) -> bytes:
+    """The stage as a serialized model, written field by field: building the model, then
+    serializing it, copied every node and weight twice."""
+    nodes = model.graph.node
+    inputs = [onnx.ValueInfoProto(name=n, type=types[n]) for n in stage.reads]
     if model.ir_version < 4:  # initializers must be listed as inputs too
-        graph.input.extend(helper.make_tensor_value_info(n, weights[n].data_type, weights[n].dims)
-                           for n in stage.weights)
-    graph.output.extend(onnx.ValueInfoProto(name=n) for n in stage.outputs)
-    stage_model = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
-    stage_model.opset_import.extend(model.opset_import)
-    stage_model.functions.extend(model.functions)
-    return stage_model
+        inputs += [helper.make_tensor_value_info(n, weights[n].data_type, weights[n].dims) for n in stage.weights]
+    graph = [length_delimited(_NAME, f"stage_{stage.start}".encode()),
+             *(length_delimited(_NODE, nodes[p].SerializeToString()) for p in stage.nodes),
+             *(length_delimited(_INITIALIZER, weights[n].SerializeToString()) for n in stage.weights),
+             *(length_delimited(_INPUT, info.SerializeToString()) for info in inputs),
+             *(length_delimited(_OUTPUT, onnx.ValueInfoProto(name=n).SerializeToString()) for n in stage.outputs)]
+    return head + length_delimited(_GRAPH, b"".join(graph))
+
+
+_GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_NAME, _NODE, _INITIALIZER, _INPUT, _OUTPUT = (onnx.GraphProto.DESCRIPTOR.fields_by_name[name].number
+                                              for name in ("name", "node", "initializer", "input", "output"))
 
 
 def _type_of(value) -> onnx.TypeProto:
