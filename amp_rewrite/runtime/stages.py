@@ -5,15 +5,16 @@ ONNX Runtime's session creation grows faster than linearly with the node count
 (its buffer-reuse planner most of all: a 20k-node model took minutes), and a run
 holds every exposed value at once. ``measure`` therefore
 
-- keeps only the nodes that the watched values depend on;
+- keeps only the nodes that the watched values depend on (all of them when every value
+  is measured, as the range check does beside the analysis);
 - cuts them, in the graph's order, into stages of at most ``STAGE_NODES`` nodes
   (nested nodes counted), each run as its own model, with buffer reuse off;
 - feeds each stage the values earlier stages computed, reduces the watched values it
   returns to ``ValueStats`` at once, and keeps only what later stages read;
 - hands what a stage freed (its session, its values) back to the system before the next;
-- alternates the stages between two processes, each creating its next session while the
-  other runs a stage (two cores share the session creation), handing each other the
-  values the other's stages read.
+- given the values' types ahead, alternates the stages between two processes, each
+  creating its next session while the other runs a stage (two cores share the session
+  creation), handing each other the values the other's stages read.
 
 Memory holds one stage's values plus the values crossing into later stages.
 """
@@ -55,11 +56,10 @@ class Stage:
     """Values computed before the stage (or graph inputs) that it reads."""
     weights: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    """Values it returns: those watched, and those later stages read."""
+    """Values it returns: those watched (all it computes when none are named), and those
+    later stages read."""
     passed: list[str] = field(default_factory=list)
     """Its outputs that later stages read: the only ones kept past the stage."""
-    done: list[str] = field(default_factory=list)
-    """Values no stage after this one reads."""
 
 
 def plan(graph: onnx.GraphProto, watched: set[str] | None, stage_nodes: int | None = None) -> list[Stage]:
@@ -93,7 +93,6 @@ def plan(graph: onnx.GraphProto, watched: set[str] | None, stage_nodes: int | No
         stage.reads = sorted(read - weights)
         stage.passed = sorted(o for o in made if last_read.get(o, -1) > s)
         stage.outputs = sorted(made if watched is None else set(stage.passed).union(o for o in made if o in watched))
-        stage.done = sorted(n for n in stage.reads if last_read[n] == s)
     return stages
 
 
