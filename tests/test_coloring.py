@@ -253,6 +253,17 @@ def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     assert MeasureRanges.start(m, ConvertOptions(precision="bfloat16").validated(), None) is None
 
 
+def test_measured_beside_the_analysis_a_reshape_of_a_computed_value_stands_for_it():
+    """Its statistics are those of the value it reshapes, which is measured; a reshaped input is
+    measured itself."""
+    m = model("""(float[2,4] x) => (float[4,2] y, float[8] z) {
+        a = Relu(x)
+        y = Reshape(a, s1)
+        z = Reshape(x, s2)
+    }""", {"s1": np.array([4, 2], np.int64), "s2": np.array([8], np.int64)})
+    assert measure_ranges._computed_top_level(m) == {"a": (0, "a"), "z": (0, "z")}
+
+
 def test_where_not_every_value_runs_the_range_check_measures_the_watched_ones_alone():
     """A node that no watched value needs (a custom op ONNX Runtime lacks) fails the measurement
     of every value; the watched values are then measured on their own."""

@@ -38,16 +38,17 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
     assert len(staged) == len(keys) and any(k[0] != 0 for k in keys) == (build is control_flow)
 
 
-@pytest.mark.parametrize("build", [lambda: transformer(blocks=2, with_mask=True), control_flow],
-                         ids=["transformer", "control_flow"])
-def test_without_named_values_every_float_value_is_measured(build, monkeypatch) -> None:
-    m = build()
-    monkeypatch.setattr(stages, "STAGE_NODES", 7)
-    keys = instrument.float_values(m)
-    lifted = instrument.lift_nested(m, [k for k in keys if k[0]], THRESHOLD)
+def test_named_values_that_are_not_float_tensors_are_passed_over() -> None:
+    m = model("""(float[2,4] x) => (float[2,4] y) {
+        s = Shape(x)
+        r = Reshape(x, s)
+        y = Relu(r)
+    }""")
+    every = {o: (0, o) for node in m.graph.node for o in node.output}
     data = samples.generate(m, 2, seed=3)
-    every = stages.measure(lifted.model, None, lifted.stats, data, THRESHOLD, None, lambda text: None, threads=1)
-    assert every == _at_once(m, keys, data) and len(every) == len(keys)
+    measured = stages.measure(m, every, {}, data, THRESHOLD, None, lambda text: None, threads=1)
+    assert set(measured) == {(0, "r"), (0, "y")}
+    assert measured == _at_once(m, instrument.float_values(m), data)
 
 
 def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages() -> None:

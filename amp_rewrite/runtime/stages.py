@@ -5,8 +5,7 @@ ONNX Runtime's session creation grows faster than linearly with the node count
 (its buffer-reuse planner most of all: a 20k-node model took minutes), and a run
 holds every exposed value at once. ``measure`` therefore
 
-- keeps only the nodes that the watched values depend on (all of them when every value
-  is measured, as the range check does beside the analysis);
+- keeps only the nodes that the watched values depend on;
 - cuts them, in the graph's order, into stages of at most ``STAGE_NODES`` nodes
   (nested nodes counted), each run as its own model, with buffer reuse off;
 - feeds each stage the values earlier stages computed, reduces the watched values it
@@ -56,19 +55,18 @@ class Stage:
     """Values computed before the stage (or graph inputs) that it reads."""
     weights: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
-    """Values it returns: those watched (all it computes when none are named), and those
-    later stages read."""
+    """Values it returns: those watched, and those later stages read."""
     passed: list[str] = field(default_factory=list)
     """Its outputs that later stages read: the only ones kept past the stage."""
 
 
-def plan(graph: onnx.GraphProto, watched: set[str] | None, stage_nodes: int | None = None) -> list[Stage]:
-    """The stages that compute ``watched`` (top-level value names; None: every value) of ``graph``."""
+def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
+    """The stages that compute ``watched`` (top-level value names) of ``graph``."""
     nodes = list(graph.node)  # read each node's fields once: protobuf access costs more than lists
     nested = [_nested_nodes(n) for n in nodes]
     reads = [names_read([n]) if nested[p] else {i for i in n.input if i} for p, n in enumerate(nodes)]
     outputs = [[o for o in n.output if o] for n in nodes]
-    kept = range(len(nodes)) if watched is None else _needed(watched, reads, outputs)
+    kept = _needed(watched, reads, outputs)
     stage_nodes = stage_nodes or STAGE_NODES
     stages: list[Stage] = []
     count = 0
@@ -92,7 +90,7 @@ def plan(graph: onnx.GraphProto, watched: set[str] | None, stage_nodes: int | No
         stage.weights = sorted(read & weights)
         stage.reads = sorted(read - weights)
         stage.passed = sorted(o for o in made if last_read.get(o, -1) > s)
-        stage.outputs = sorted(made if watched is None else set(stage.passed).union(o for o in made if o in watched))
+        stage.outputs = sorted(set(stage.passed).union(o for o in made if o in watched))
     return stages
 
 
@@ -108,12 +106,12 @@ def _needed(watched: set[str], reads: list[set[str]], outputs: list[list[str]]) 
     return kept
 
 
-def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey] | None, stats: Mapping[str, ValueKey],
+def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
             data: Sequence[Sample], thresholds: Thresholds, base_dir: str | os.PathLike | None,
             progress: Progress, types: Mapping[str, int] | None = None,
             threads: int = 0) -> dict[ValueKey, ValueStats]:
-    """Statistics of the ``top`` values (output name -> value; None: every float32 tensor
-    that a top-level node computes) and of the statistics rows that
+    """Statistics of the ``top`` values (output name -> value; those that are not float32
+    tensors are passed over) and of the statistics rows that
     ``instrument.lift_nested`` carried out (``stats``), over every sample of ``data``.
     ``threads``: ONNX Runtime's intra-op threads in one process (0: one per core; 1 when
     something else runs beside).
@@ -125,8 +123,7 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey] | None, stats: M
     each stage's outputs as soon as it ran. Each process holds one session at a time, with
     one thread: ONNX Runtime's per-session thread pools, spinning beside the other process,
     made the 48.6k-node benchmark transformer's measurement take 4.3-4.9 s instead of 2.8-3.3."""
-    watched = None if top is None else set(top) | set(stats)
-    runs = _Runs(model, plan(model.graph, watched), top, stats, thresholds, base_dir)
+    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
     live = [dict(sample) for sample in data]
     if types is None or not FORKS or len(runs.stages) < 2:
         return runs.alternate(0, 1, live, {}, None, progress, threads)
@@ -147,7 +144,7 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey] | None, stats: M
 class _Runs:
     """The stages of one measurement, and what they measured so far."""
 
-    def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey] | None,
+    def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey],
                  stats: Mapping[str, ValueKey], thresholds: Thresholds, base_dir) -> None:
         self.model, self.stages, self.top, self.stats = model, stages, top, stats
         self.thresholds, self.base_dir = thresholds, base_dir
@@ -208,10 +205,7 @@ class _Runs:
         for name, array in results.items():
             if name in self.stats:
                 self.add(self.stats[name], ValueStats.of_rows(array))
-            elif self.top is None:
-                if isinstance(array, np.ndarray) and array.dtype == np.float32:
-                    self.add((0, name), ValueStats.of(array, self.thresholds))
-            elif name in self.top:
+            elif name in self.top and isinstance(array, np.ndarray) and array.dtype == np.float32:
                 self.add(self.top[name], ValueStats.of(array, self.thresholds))
         values.update((name, results[name]) for name in stage.passed)
         for name in [name for name in values if name not in keep]:

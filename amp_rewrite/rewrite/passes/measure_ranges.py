@@ -214,7 +214,7 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
     if keys is None:
         nested = any(True for node in model.graph.node for _ in subgraphs(node))
         keys = [key for key in instrument.float_values(model) if key[0]] if nested else []
-        top = None
+        top = _computed_top_level(model)
     else:
         top = {name: (graph, name) for graph, name in keys if graph == 0}
 
@@ -226,6 +226,21 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
                                         progress, types, threads))
 
     return work
+
+
+def _computed_top_level(model: onnx.ModelProto) -> dict[str, ValueKey]:
+    """The values that top-level nodes compute, less those whose elements a ``SAME_ELEMENTS``
+    node takes from another of them: ``_same_elements_source`` reads that one's statistics."""
+    computed: dict[str, ValueKey] = {}
+    made: set[str] = set()
+    for node in model.graph.node:
+        same = op_key(node.domain, node.op_type) in SAME_ELEMENTS and node.input and node.input[0] in made
+        for name in node.output:
+            if name:
+                made.add(name)
+                if not same:
+                    computed[name] = (0, name)
+    return computed
 
 
 def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
