@@ -253,6 +253,50 @@ def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     assert MeasureRanges.start(m, ConvertOptions(precision="bfloat16").validated(), None) is None
 
 
+def _matmul_and_other(tmp_path, big: bool, custom: bool):
+    """A MatMul (whose product overflows float16 when ``big``) beside a Relu, or beside a
+    custom op ONNX Runtime lacks."""
+    m = model("""(float[2,4] x) => (float[2,4] y, float[2,4] z) {
+        [allow1] y = MatMul(x, w)
+        [custom] z = Relu(x)
+    }""", {"w": np.full((4, 4), 3000.0 if big else 1.0, np.float32)})
+    if custom:
+        m.graph.node[1].op_type, m.graph.node[1].domain = "Frobnicate", "com.example"
+        m.opset_import.add(domain="com.example", version=1)
+    path = tmp_path / "m.onnx"
+    onnx.save(m, path)
+    return m, path
+
+
+@pytest.mark.parametrize("big, custom", [(False, False), (True, False), (True, True)],
+                         ids=["fits", "overflows", "not-every-value-runs"])
+def test_a_saved_conversion_goes_on_while_the_range_check_measures_with_the_same_outcome(tmp_path, big, custom):
+    """Written while the measurement runs, the output stands where the measurement changes
+    nothing; where it keeps a node float32 (or must measure the watched values alone), the
+    model is converted again with it: the outcome is the in-memory conversion's."""
+    m, path = _matmul_and_other(tmp_path, big, custom)
+    in_memory, expected = convert(m, provider=None)
+    _, report = convert(path, tmp_path / "out.onnx", provider=None)
+    saved = onnx.load(tmp_path / "out.onnx")
+    assert report.range_check == expected.range_check and report.range_check.startswith("measured")
+    assert report.decisions == expected.decisions and report.notes == expected.notes
+    assert colors(saved) == colors(in_memory) == {"allow1": "fp32" if big else "low", "custom": "fp32"}
+    assert report.stages["range check"] >= 0 and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx"]
+
+
+def test_a_range_check_that_cannot_run_leaves_no_output_when_it_must_run(tmp_path):
+    m = model("""(float[2,4] x) => (float[2,4] y) <float[2,4] z> {
+        [custom] z = Relu(x)
+        [allow1] y = MatMul(z, w)
+    }""", {"w": W["w"]})
+    m.graph.node[0].op_type, m.graph.node[0].domain = "Frobnicate", "com.example"
+    m.opset_import.add(domain="com.example", version=1)
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(UserError, match="range check: onnxruntime could not run the model"):
+        convert(tmp_path / "m.onnx", tmp_path / "out.onnx", provider=None, range_check="on")
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
 def test_measured_beside_the_analysis_a_reshape_of_a_computed_value_stands_for_it():
     """Its statistics are those of the value it reshapes, which is measured; a reshaped input is
     measured itself."""

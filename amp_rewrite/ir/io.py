@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import google.protobuf.message
@@ -110,9 +110,11 @@ def check_output_path(source: str | os.PathLike | None, output: str | os.PathLik
 
 
 def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None,
-         deferred: Mapping[str, Precision] | None = None) -> int:
+         deferred: Mapping[str, Precision] | None = None, ready: Callable[[], bool] | None = None) -> int | None:
     """Write ``model`` atomically (nothing appears at ``output`` unless all of it was written)
     and return the bytes written; external tensors (and any model over 2 GB) go to ``OUT.data``.
+    ``ready`` is asked once everything is written, before the files take their names: where it
+    says False (None returned) or raises, nothing is left behind.
 
     The model is written piece by piece, never as one serialized string, and the tensors
     that InsertCasts marked (external ones, and the top-level initializers named in
@@ -139,6 +141,8 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
         with open(temps[-1], "wb", buffering=WRITE_BUFFER) as sink:
             pieces.write(sink)
             written += sink.tell()
+        if ready is not None and not ready():
+            return None
         if len(temps) == 2:
             os.replace(temps[0], data)
         os.replace(temps[-1], output)

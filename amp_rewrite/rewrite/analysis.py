@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from onnx import TensorProto
 
@@ -14,7 +14,9 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.rewrite.coloring import Color, Coloring
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.runtime.isolate import Started
+
+if TYPE_CHECKING:
+    from amp_rewrite.rewrite.passes.measure_ranges import Measurement
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"
@@ -49,9 +51,14 @@ class Analysis:
     measured: dict | None = None
     """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
-    measuring: Started | None = None
+    measuring: Measurement | None = None
     """The range check's measurement, started before the analysis (``MeasureRanges.start``);
     MeasureRanges collects it."""
+    speculate: bool = False
+    """Whether MeasureRanges may leave its values ``pending`` when the measurement is not in,
+    for the caller to ``settle`` after converting on."""
+    pending: tuple | None = None
+    """What ``MeasureRanges.settle`` judges: the watched values and how they are measured."""
     inferred: dict | None = None
     """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
     costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""

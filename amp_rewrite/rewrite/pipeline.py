@@ -20,15 +20,21 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+from amp_rewrite.rewrite.passes.measure_ranges import Measurement
 from amp_rewrite.runtime.isolate import release_free_memory
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
-            base_dir: str | os.PathLike | None = None, measured: dict | None = None) -> Analysis:
+            base_dir: str | os.PathLike | None = None, measured: dict | None = None, *,
+            measuring: Measurement | None = None, speculate: bool = False) -> Analysis:
     """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
-    ``measured``: value statistics from an earlier run, used instead of running the model."""
+    ``measured``: value statistics from an earlier run, used instead of running the model.
+    ``measuring``: the range check's measurement from an earlier analysis of the same model
+    (else one starts here, beside the analysis). ``speculate``: the range check may leave its
+    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile)."""
     options = (options or ConvertOptions()).validated()
-    measuring = MeasureRanges.start(model, options, base_dir) if measured is None else None
+    if measuring is None and measured is None:
+        measuring = MeasureRanges.start(model, options, base_dir)
     try:
         with gc_paused():
             started = time.perf_counter()
@@ -39,25 +45,30 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
             release_free_memory()
             inferred_at = time.perf_counter()
             analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
-                                inferred=inferred)
+                                speculate=speculate, inferred=inferred)
             analysis.seconds["ShapeInference"] = inferred_at - started
             analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
             for step in ANALYSIS:
                 started = time.perf_counter()
                 step().run(analysis)
                 analysis.seconds[step.__name__] = time.perf_counter() - started
-    finally:
-        if measuring is not None:  # not collected: the analysis failed, or nothing could change precision
+    except BaseException:
+        if measuring is not None:
             measuring.close()
+        raise
+    if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
+        measuring.close()
     return analysis
 
 
 def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
-            measured: dict | None = None, defer: bool = False) -> tuple[Analysis, RewriteStats]:
+            measured: dict | None = None, defer: bool = False, *, measuring: Measurement | None = None,
+            speculate: bool = False) -> tuple[Analysis, RewriteStats]:
     """Color ``proto`` and insert its casts, in place. ``defer``: leave the conversion of
-    top-level initializers to ``io.save`` (see ``InsertCasts``)."""
+    top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``:
+    as ``analyze`` takes them."""
     with gc_paused():
-        analysis = analyze(proto, options, base_dir, measured)
+        analysis = analyze(proto, options, base_dir, measured, measuring=measuring, speculate=speculate)
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started

@@ -16,7 +16,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.ir.tensors import external_location
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY
+from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
 from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.workflows.validate import convert_validated
@@ -66,32 +66,66 @@ def _convert(model, output, options: ConvertOptions):
     if options.validate:
         proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
     else:
-        # A path's output is saved here: its initializers are converted as they are written.
-        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path")
+        # A path's output is saved here: its initializers are converted as they are written,
+        # and the range check's measurement is settled once they are.
+        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path", speculate=kind == "path")
     _record_decisions(proto, analysis)
-    report = build_report(analysis, stats)
-    report.validation = validation
     saving = time.perf_counter()
     if kind == "path":
+        try:
+            written = _save(proto, output, base_dir, stats, analysis)
+            if written is None:  # the range check keeps nodes float32: convert again with its measurement
+                proto = io.load(model)
+                analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
+                _record_decisions(proto, analysis)
+                saving = time.perf_counter()
+                written = _save(proto, output, base_dir, stats, analysis)
+        finally:
+            if analysis.measuring is not None:
+                analysis.measuring.close()
+        report = build_report(analysis, stats)
         report.bytes_before = _stored_bytes(model, analysis.index.initializers.values())
-        report.bytes_after = io.save(proto, output, base_dir, stats.deferred)
+        report.bytes_after = written
         result = output
-    elif kind == "ir":
-        import onnx_ir as ir
-
-        result = ir.serde.deserialize_model(proto)
     else:
-        result = proto
-    if kind != "path":
+        report = build_report(analysis, stats)
         report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
+        if kind == "ir":
+            import onnx_ir as ir
+
+            result = ir.serde.deserialize_model(proto)
+        else:
+            result = proto
+    report.validation = validation
     report.seconds = time.perf_counter() - started
-    report.stages = _stages(analysis.seconds, loaded - started, time.perf_counter() - saving)
+    saved = time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
+    report.stages = _stages(analysis.seconds, loaded - started, saved)
     return result, report
+
+
+_SETTLE = "MeasureRanges (settled)"
+
+
+def _save(proto: onnx.ModelProto, output, base_dir: str | None, stats, analysis: Analysis) -> int | None:
+    """``io.save``, once the range check that was still measuring when the conversion went on
+    (``analysis.pending``) changes nothing (its wait timed as part of the range check); None,
+    nothing written, where it keeps nodes float32."""
+
+    def settled() -> bool:
+        if analysis.pending is None:
+            return True
+        waiting = time.perf_counter()
+        try:
+            return MeasureRanges.settle(analysis)
+        finally:
+            analysis.seconds[_SETTLE] = time.perf_counter() - waiting
+
+    return io.save(proto, output, base_dir, stats.deferred, ready=settled)
 
 
 def _stages(passes: dict[str, float], load: float, save: float) -> dict[str, float]:
     """The report's breakdown: the passes grouped as analysis, range check and rewrite."""
-    special = {"MeasureRanges": "range check", "InsertCasts": "rewrite"}
+    special = {"MeasureRanges": "range check", _SETTLE: "range check", "InsertCasts": "rewrite"}
     stages = {"load": load, "analysis": 0.0, "range check": 0.0, "rewrite": 0.0, "save": save}
     for step, seconds in passes.items():
         stages[special.get(step, "analysis")] += seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx import TensorProto, helper
@@ -51,16 +51,21 @@ class MeasureRanges:
     done, and measuring all of them beside the analysis costs less time than measuring fewer
     after it. Where that measurement fails (a node that no watched value needs may be one
     that ONNX Runtime cannot run), the watched values alone are measured again.
+
+    A conversion may go on past this pass while the measurement runs (``speculate``): the
+    pass then leaves its values ``pending``, and ``settle`` says, once the measurement is in,
+    whether it changes nothing (the usual case: what was converted and written stands) or the
+    conversion must run again with it.
     """
 
     @staticmethod
-    def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Started | None:
+    def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
         """Start measuring every float value of ``model`` for ``run``, in a child process
         (None when the options rule the range check out, or where processes cannot fork)."""
         if not FORKS or _skip_reason(model, options, bool(options.calibrate)):
             return None
-        return Started(lambda progress, peer: _work(model, options, base_dir, None, None, threads=1)(progress),
-                       "onnxruntime (range check)")
+        return Measurement(Started(lambda progress, peer: _work(model, options, base_dir, None, None, 1)(progress),
+                                   "onnxruntime (range check)"))
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
@@ -74,20 +79,51 @@ class MeasureRanges:
         if not watched:
             analysis.range_check = "skipped: no value could change precision"
             return
+        sources = {v.key: _same_elements_source(analysis, v) for v in watched}
         source = _source(analysis, calibrated)
+        if analysis.speculate and analysis.measuring is not None:
+            analysis.pending = (watched, sources, calibrated, source)
+            analysis.range_check = "pending"
+            return
         measured = analysis.measured
         if measured is None:
             try:
-                measured = _measure(analysis, watched)
+                measured = _measure(analysis, sources)
             except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
                 why = f"onnxruntime could not run the model on {source} ({_first_line(exc)})"
                 if source != _GENERATED or options.shapes or options.range_check == "on":
                     raise UserError(f"range check: {why}") from None
                 self._not_measured(analysis, watched, why)
                 return
-        over = self._judge(analysis, watched, measured, calibrated, source)
-        analysis.range_check = (f"measured {sum(v.key in measured for v in watched)} values on {source}; "
-                                f"{over} do not fit {analysis.precision.value}")
+        over = 0
+        for value, reason in _verdicts(analysis, watched, measured, calibrated, source):
+            over += 1
+            for node_id in _touching(analysis, value):
+                if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
+                    key = node_key(analysis.index.nodes[node_id])
+                    if key:
+                        analysis.measured_fp32.setdefault(key, reason)
+        analysis.range_check = _measured_line(analysis, watched, measured, source, over)
+
+    @staticmethod
+    def settle(analysis: Analysis) -> bool:
+        """Whether the measurement that the ``pending`` values wait for changes nothing: then
+        the report says what it measured. False where it would keep a node float32, or did
+        not run (the watched values are then measured on their own): convert again."""
+        watched, sources, calibrated, source = analysis.pending
+        analysis.pending = None
+        try:
+            found = analysis.measuring.result()
+        except Hung:
+            return False
+        if found is None:
+            return False
+        measured = _by_watched(found[1], sources)
+        if any(True for _ in _verdicts(analysis, watched, measured, calibrated, source)):
+            return False
+        _describe(analysis, found[0])
+        analysis.range_check = _measured_line(analysis, watched, measured, source, 0)
+        return True
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
@@ -97,35 +133,6 @@ class MeasureRanges:
             f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
             f"{analysis.precision.value} were not checked for overflow ({names}{more}). Pass inputs the model "
             f"accepts (--inputs S.npz or --shape NAME:DIMS), or --range-check on to make this an error.")
-
-    def _judge(self, analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool,
-               source: str) -> int:
-        options = analysis.options
-        limit = analysis.precision.max / options.headroom
-        over = 0
-        for value in watched:
-            stats = measured.get(value.key)
-            if stats is None:
-                continue
-            if stats.max_abs > limit:
-                reason = (f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond {limit:.4g} "
-                          f"({analysis.precision.value} max / headroom {options.headroom:g})")
-            elif calibrated and stats.small_share > options.flush_share:
-                reason = (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
-                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
-            elif stats.subnormal and (singular := _zero_singular_reader(analysis, value)):
-                reason = (f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are subnormal "
-                          f"in {analysis.precision.value} (below {analysis.precision.smallest_normal:.3g}; "
-                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN")
-            else:
-                continue
-            over += 1
-            for node_id in _touching(analysis, value):
-                if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
-                    key = node_key(analysis.index.nodes[node_id])
-                    if key:
-                        analysis.measured_fp32.setdefault(key, reason)
-        return over
 
     def _apply_record(self, analysis: Analysis) -> None:
         kept = recorded_fp32(analysis.index.model)
@@ -163,6 +170,32 @@ def _skip_reason(model: onnx.ModelProto, options: ConvertOptions, calibrated: bo
     return None
 
 
+def _verdicts(analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool,
+              source: str) -> Iterator[tuple[Value, str]]:
+    """The watched values that must stay float32, each with the measured reason."""
+    options = analysis.options
+    limit = analysis.precision.max / options.headroom
+    for value in watched:
+        stats = measured.get(value.key)
+        if stats is None:
+            continue
+        if stats.max_abs > limit:
+            yield value, (f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond {limit:.4g} "
+                          f"({analysis.precision.value} max / headroom {options.headroom:g})")
+        elif calibrated and stats.small_share > options.flush_share:
+            yield value, (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
+                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
+        elif stats.subnormal and (singular := _zero_singular_reader(analysis, value)):
+            yield value, (f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are subnormal "
+                          f"in {analysis.precision.value} (below {analysis.precision.smallest_normal:.3g}; "
+                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN")
+
+
+def _measured_line(analysis: Analysis, watched: list[Value], measured: dict, source: str, over: int) -> str:
+    return (f"measured {sum(v.key in measured for v in watched)} values on {source}; "
+            f"{over} do not fit {analysis.precision.value}")
+
+
 def _touching(analysis: Analysis, value: Value) -> list[int]:
     nodes = [n for n, _ in analysis.slot_readers(value)]
     producer = value.producer
@@ -171,34 +204,59 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
     return nodes
 
 
-def _measure(analysis: Analysis, watched: list[Value]) -> dict:
-    """The statistics of ``watched``: from the measurement ``start`` began, or where it failed
-    (or did not start), measured now in a child process (``isolate``), stage by stage (``stages``)."""
-    sources = {v.key: _same_elements_source(analysis, v) for v in watched}
-    measuring, analysis.measuring = analysis.measuring, None
-    found = _result(measuring) if measuring is not None else None
-    if found is not None:
-        description, measured = found
-    else:
+class Measurement:
+    """The measurement of every float value that ``MeasureRanges.start`` began beside the analysis."""
+
+    def __init__(self, started: Started) -> None:
+        self._started: Started | None = started
+        self._found: tuple[str, dict] | None = None
+        self._hung: Hung | None = None
+
+    def result(self) -> tuple[str, dict] | None:
+        """(what extents generated inputs took, statistics by value key), or None where it
+        failed: the watched values alone may run where every value did not. A hang is raised,
+        each time: measuring again would hang again."""
+        if self._started is not None:
+            started, self._started = self._started, None
+            try:
+                self._found = started.result()
+            except Hung as hung:
+                self._hung = hung
+            except Exception:  # measured again, the watched values alone
+                self._found = None
+        if self._hung is not None:
+            raise self._hung
+        return self._found
+
+    def close(self) -> None:
+        """Stop the measurement if it still runs (its result is no longer wanted)."""
+        if self._started is not None:
+            self._started.close()
+            self._started = None
+
+
+def _measure(analysis: Analysis, sources: dict[ValueKey, ValueKey]) -> dict:
+    """The statistics of the watched values (``sources``: each one's ``_same_elements_source``):
+    from the measurement ``start`` began, or where it failed (or did not start), measured now
+    in a child process (``isolate``), stage by stage (``stages``)."""
+    found = analysis.measuring.result() if analysis.measuring is not None else None
+    if found is None:
         model = analysis.index.model
         types = {name: value.elem_type
                  for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
         work = _work(model, analysis.options, analysis.base_dir, sorted(set(sources.values())), types)
-        description, measured = isolated(work, "onnxruntime (range check)")
-    if description:
-        analysis.notes.append(f"range check on generated inputs: {description}")
+        found = isolated(work, "onnxruntime (range check)")
+    _describe(analysis, found[0])
+    return _by_watched(found[1], sources)
+
+
+def _by_watched(measured: dict, sources: dict[ValueKey, ValueKey]) -> dict:
     return {key: measured[source] for key, source in sources.items() if source in measured}
 
 
-def _result(measuring: Started) -> tuple[str, dict] | None:
-    """What the measurement ``start`` began found; None where it failed (not where it hung:
-    measuring again would hang again)."""
-    try:
-        return measuring.result()
-    except Hung:
-        raise
-    except Exception:  # the watched values alone may run where every value did not
-        return None
+def _describe(analysis: Analysis, description: str) -> None:
+    if description:
+        analysis.notes.append(f"range check on generated inputs: {description}")
 
 
 def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[ValueKey] | None,
