@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import onnx
 from onnx import TensorProto, helper
@@ -62,7 +62,8 @@ class MeasureRanges:
     def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
         """Start measuring every float value of ``model`` for ``run``, in a child process
         (None when the options rule the range check out, or where processes cannot fork)."""
-        if not FORKS or _skip_reason(model, options, bool(options.calibrate)):
+        weights = (t for graph in iter_graphs(model.graph) for t in graph.initializer)
+        if not FORKS or _skip_reason(weights, options, bool(options.calibrate)):
             return None
         return Measurement(Started(lambda progress, peer: _work(model, options, base_dir, None, None, 1)(progress),
                                    "onnxruntime (range check)"))
@@ -71,7 +72,7 @@ class MeasureRanges:
         self._apply_record(analysis)
         options = analysis.options
         calibrated = bool(options.calibrate) or analysis.measured is not None
-        skip = _skip_reason(analysis.index.model, options, calibrated)
+        skip = _skip_reason(analysis.index.initializers.values(), options, calibrated)
         if skip:
             analysis.range_check = f"skipped: {skip}"
             return
@@ -156,14 +157,16 @@ class MeasureRanges:
         return list(seen.values())
 
 
-def _skip_reason(model: onnx.ModelProto, options: ConvertOptions, calibrated: bool) -> str | None:
+def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, calibrated: bool) -> str | None:
+    """Why the range check does not run, if it does not (``weights``: every initializer, read
+    only when their size decides)."""
     if options.precision is Precision.BFLOAT16:
         return "bfloat16 has float32's range"
     if calibrated:
         return None
     if options.range_check == "off":
         return "range_check=off"
-    weight_bytes = sum(_nbytes(t) for graph in iter_graphs(model.graph) for t in graph.initializer)
+    weight_bytes = sum(_nbytes(t) for t in weights)
     if options.range_check == "auto" and weight_bytes > options.range_check_max_bytes:
         return (f"weights of {weight_bytes / 2**30:.1f} GiB exceed range_check_max_bytes "
                 f"({options.range_check_max_bytes / 2**30:.1f} GiB); use range_check=on")
