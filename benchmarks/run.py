@@ -242,7 +242,10 @@ def write_results(rows) -> None:
               "RSS / target | PSS / target | RSS / target, no check | PSS / target, no check |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     breakdown = ["Seconds by stage, from amp-rewrite's report (`stages`); the rest of the wall time is "
-                 "Python's start-up, imports and the report.", "",
+                 "Python's start-up, imports and the report. The range check measures in a child process "
+                 "that starts once the model is loaded, beside the analysis, the rewrite and the save: its "
+                 "column is what the conversion spent on it besides (choosing the values to judge, waiting "
+                 "for the measurement, judging).", "",
                  "| model | tool | load | analysis | range check | rewrite | save | wall |",
                  "|---|---|---:|---:|---:|---:|---:|---:|"]
     by_model: dict[str, dict[str, Run]] = {}
