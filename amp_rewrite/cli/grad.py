@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from amp_rewrite.autodiff import gradient_proto
 from amp_rewrite.cli.common import EXIT_OK
 from amp_rewrite.ir import io
 
@@ -21,6 +20,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from amp_rewrite.autodiff import gradient_proto  # autodiff: only for this command
+
     io.check_output_path(args.input, args.output)
     proto, base_dir, _ = io.read_model(args.input)
     nodes, outputs = len(proto.graph.node), len(proto.graph.output)

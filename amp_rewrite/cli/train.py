@@ -14,7 +14,6 @@ from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime.samples import read_npz
-from amp_rewrite.training.trainer import Trainer, describe, sample_count
 
 
 def add_parser(commands) -> None:
@@ -40,6 +39,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from amp_rewrite.training.trainer import Trainer, describe  # the training layers: only for this command
+
     for path in (args.trained, args.mixed_output):
         if path:
             io.check_output_path(args.input, path)
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
 def _checked(step, data: dict[str, np.ndarray], origin: str) -> dict[str, np.ndarray]:
     """The arrays the step reads, cast to its input types: present, of one length, shaped as the
     model declares, and labels that fit the loss."""
+    from amp_rewrite.training.trainer import sample_count
+
     spec = step.spec
     sample_count(data, spec.data, origin)
     inputs = {i.name: i.type.tensor_type for i in step.model.graph.input}

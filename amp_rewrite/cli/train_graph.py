@@ -6,8 +6,6 @@ import argparse
 
 from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options, training_arguments
 from amp_rewrite.ir import io
-from amp_rewrite.training import build
-from amp_rewrite.training.step import save
 
 
 def add_parser(commands) -> None:
@@ -22,12 +20,16 @@ def add_parser(commands) -> None:
 
 def build_step(args: argparse.Namespace):
     """The training step the flags describe (shared with ``train``)."""
+    from amp_rewrite.training import build  # the training layers: only for this command
+
     return build(args.input, loss=args.loss, params=args.param, optimizer_spec=args.optimizer,
                  precision=args.precision, loss_scale=args.loss_scale, options=convert_options(args),
                  output=args.output, labels=args.labels, batchnorm=args.batchnorm)
 
 
 def run(args: argparse.Namespace) -> int:
+    from amp_rewrite.training.step import save  # the training layers: only for this command
+
     io.check_output_path(args.input, args.target)
     step = build_step(args)
     save(step, args.target)

@@ -19,7 +19,6 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
 from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.workflows.validate import convert_validated
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -64,6 +63,8 @@ def _convert(model, output, options: ConvertOptions):
     bytes_before = None if kind == "path" else proto.ByteSize()
     validation = None
     if options.validate:
+        from amp_rewrite.workflows.validate import convert_validated  # its numerics: only when asked
+
         proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
     else:
         # A path's output is saved here: its initializers are converted as they are written,
