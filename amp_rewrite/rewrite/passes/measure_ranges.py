@@ -65,7 +65,9 @@ class MeasureRanges:
         weights = (t for graph in iter_graphs(model.graph) for t in graph.initializer)
         if not FORKS or _skip_reason(weights, options, bool(options.calibrate)):
             return None
-        return Measurement(Started(_work(model, options, base_dir, None, threads=1), "onnxruntime (range check)"))
+        # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
+        return Measurement(Started(lambda progress: _work(model, options, base_dir, None, threads=1)(progress),
+                                   "onnxruntime (range check)"))
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
