@@ -297,6 +297,16 @@ def test_a_range_check_that_cannot_run_leaves_no_output_when_it_must_run(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
 
 
+def test_inputs_the_range_check_cannot_generate_leave_it_not_run_not_the_conversion_failed():
+    m = model("""(bfloat16[2,4] x) => (float[2,4] y) {
+        c = Cast<to=1>(x)
+        [allow1] y = MatMul(c, w)
+    }""", {"w": W["w"]})
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("NOT RUN") and "cannot generate data for input 'x'" in report.range_check
+    assert colors(out)["allow1"] == "low"
+
+
 def test_measured_beside_the_analysis_a_reshape_of_a_computed_value_stands_for_it():
     """Its statistics are those of the value it reshapes, which is measured; a reshaped input is
     measured itself."""

@@ -63,49 +63,11 @@ def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages()
     plan = stages.plan(m.graph, {"y"}, stage_nodes=1)
     ops = [[m.graph.node[p].op_type for p in s.nodes] for s in plan]
     assert ops == [["Relu"], ["SequenceConstruct"], ["SequenceAt"], ["Mul"]]  # no Neg, no Exp
-    assert plan[1].outputs == ["s"] and plan[2].reads == ["s"]
+    assert plan[1].outputs == ["s"] and plan[2].reads == ["s"] and plan[2].done == ["s"]
     assert plan[1].passed == ["s"] and plan[3].outputs == ["y"] and plan[3].passed == []
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
     measured = stages.measure(m, {"y": (0, "y")}, {}, [{"x": x}], THRESHOLD, None, lambda text: None)
     assert measured[(0, "y")].max_abs == pytest.approx(2 * np.abs(np.maximum(x, 0)).max())
-
-
-def test_the_stages_alternate_between_two_processes_with_the_same_statistics(monkeypatch) -> None:
-    """With the values' types known ahead, every other stage runs in a second child process
-    (each process makes its next session while the other runs a stage); what they hand each
-    other gives, on two samples, the statistics of one session exposing everything. A type
-    known wrongly ahead is made again from the values."""
-    m = transformer(blocks=2, with_mask=True)
-    monkeypatch.setattr(stages, "STAGE_NODES", 9)
-    keys = [k for k in instrument.float_values(m) if k[0] == 0]
-    data = samples.generate(m, 2, seed=3)
-    types = {name: onnx.TensorProto.FLOAT for _, name in keys}
-    wrong = dict(types, **{next(iter(types)): onnx.TensorProto.INT64})
-    top = {name: (0, name) for _, name in keys}
-    count = len(stages.plan(m.graph, set(top)))
-    expected = _at_once(m, keys, data)
-    for given in (types, wrong):
-        steps: list[str] = []
-        assert stages.measure(m, top, {}, data, THRESHOLD, None, steps.append, given) == expected
-        ran = [int(step.split()[2]) for step in steps if step.startswith("running stage ")]
-        assert count > 4 and ran == list(range(1, count + 1, 2))  # this process: stages 1, 3, 5, ...
-
-
-def test_alternating_stages_carry_the_statistics_of_nested_values(monkeypatch) -> None:
-    """Statistics rows lifted out of If/Loop/Scan bodies, measured by stages alternating
-    between two processes, equal one session's."""
-    m = control_flow()
-    monkeypatch.setattr(stages, "STAGE_NODES", 3)
-    keys = instrument.float_values(m)
-    data = samples.generate(m, 2, seed=3)
-    lifted = instrument.lift_nested(m, keys, THRESHOLD)
-    top = {name: (graph, name) for graph, name in keys if graph == 0}
-    types = {name: onnx.TensorProto.FLOAT for name in top}
-    steps: list[str] = []
-    measured = stages.measure(lifted.model, top, lifted.stats, data, THRESHOLD, None, steps.append, types)
-    assert measured == _at_once(m, keys, data) and any(key[0] != 0 for key in measured)
-    ran = [int(step.split()[2]) for step in steps if step.startswith("running stage ")]
-    assert len(ran) > 1 and ran == list(range(1, 2 * len(ran), 2))
 
 
 def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
@@ -119,14 +81,12 @@ def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
     }""")
     keys = {name: (0, name) for name in ("a", "b", "c", "y")}
     plan = stages.plan(m.graph, set(keys), stage_nodes=1)
-    runs = stages._Runs(m, plan, keys, {}, THRESHOLD, None)
-    live = [{"x": np.ones((2, 4), np.float32)}]
+    runs = stages._Runs(m, plan, keys, {}, THRESHOLD)
+    values = {"x": np.ones((2, 4), np.float32)}
     held = []  # the values held as each stage starts to run
-
-    def progress(text: str) -> None:
-        if text.startswith("running"):
-            held.append(sorted(live[0]))
-
-    runs.alternate(0, 1, live, {}, None, progress)
-    assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and live == [{}]
+    for stage in plan:
+        held.append(sorted(values))
+        types = {name: stages._type_of(values[name]) for name in stage.reads}
+        runs.run(instrument.session(stages._stage_model(m, runs.head, stage, types, runs.weights)), stage, values)
+    assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and values == {}
     assert set(runs.measured) == set(keys.values())

@@ -1,9 +1,9 @@
 """Running native code (ONNX Runtime) where a crash or a hang cannot take the caller down.
 
 ``isolated(work, what)`` runs ``work`` in a forked child process and returns what it
-returns (``Started`` is the same, for work that exchanges data with the caller while it
-runs). A Python exception in the child comes back as the same exception; a crash (a segfault in
-ONNX Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
+returns (``Started`` is the same, for work that runs while the caller goes on). A Python
+exception in the child comes back as the same exception; a crash (a segfault in ONNX
+Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 :class:`UserError` that says which step was running, taken from the last
 ``progress(text)`` the work reported. The child inherits the caller's memory, so
 models and samples are not copied; only the result crosses back, pickled.
@@ -13,7 +13,6 @@ Where ``fork`` is not offered (Windows), the work runs in the calling process.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import faulthandler
 import gc
@@ -30,7 +29,7 @@ Progress = Callable[[str], None]
 
 DEFAULT_TIMEOUT = 900.0
 """Seconds a piece of isolated work may run before it is taken for a hang."""
-_OK, _RAISED, _PROGRESS, _DATA = "ok", "raised", "progress", "data"
+_OK, _RAISED, _PROGRESS = "ok", "raised", "progress"
 FORKS = "fork" in multiprocessing.get_all_start_methods()
 """Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
 
@@ -47,94 +46,59 @@ def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = D
     """``work(progress)`` in a child process; ``what`` names the work in error messages."""
     if not FORKS:
         return work(lambda text: None)
-    return Started(lambda progress, peer: work(progress), what, timeout).result()
+    return Started(work, what, timeout).result()
 
 
 class Started:
-    """``work(progress, peer)`` running in a forked child (``FORKS`` must hold): there,
-    ``peer.receive()`` waits for what the caller ``send``s, and ``peer.send(data)`` hands
-    data to the caller's ``receive()``; the caller collects the result with ``result()``
-    (``close()`` stops the child when the caller gives up before)."""
+    """``work(progress)`` running in a forked child (``FORKS`` must hold); the caller collects
+    the result with ``result()`` (``close()`` stops the child when the caller gives up before)."""
 
-    def __init__(self, work: Callable[[Progress, Peer], T], what: str,
-                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> None:
         context = multiprocessing.get_context("fork")
         self.what, self.timeout, self.step = what, timeout, "starting"
         self.receiver, child_sender = context.Pipe(duplex=False)
-        child_receiver, self.sender = context.Pipe(duplex=False)
-        self.child = context.Process(target=_child, args=(work, child_sender, child_receiver))
+        self.child = context.Process(target=_child, args=(work, child_sender))
         gc.freeze()  # the child's collector leaves the inherited objects (and their pages) alone
         try:
             self.child.start()
         finally:
             gc.unfreeze()
         child_sender.close()
-        child_receiver.close()
-
-    def send(self, data: object) -> None:
-        """Hand ``data`` to the work's ``peer.receive()``."""
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # gone: ``receive``/``result`` say why
-            self.sender.send(data)
-
-    def receive(self) -> object:
-        """What the work hands over with ``peer.send``."""
-        return self._wait(_DATA)
 
     def result(self) -> T:
+        """What the work returned; its exception, crash or silence past ``timeout`` raised here
+        (taking in its progress reports on the way)."""
         try:
-            return self._wait(_OK)
+            while True:
+                if not self.receiver.poll(self.timeout):
+                    raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
+                               f"stopped it")
+                try:
+                    kind, payload = self.receiver.recv()
+                except EOFError:
+                    self.child.join()
+                    raise NativeFailure(f"{self.what} crashed ({_death(self.child.exitcode)}) while "
+                                        f"{self.step}") from None
+                if kind == _PROGRESS:
+                    self.step = payload
+                elif kind == _RAISED:
+                    raise payload
+                else:
+                    return payload
         finally:
             self.close()
 
     def close(self) -> None:
         self.receiver.close()
-        self.sender.close()
         if self.child.is_alive():
             self.child.kill()
         self.child.join()
 
-    def _wait(self, wanted: str):
-        """The payload of the child's next message of kind ``wanted``, taking in its progress
-        reports on the way; its exception, crash or silence past ``timeout`` raised here."""
-        while True:
-            if not self.receiver.poll(self.timeout):
-                raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
-                                    f"stopped it")
-            try:
-                kind, payload = self.receiver.recv()
-            except EOFError:
-                self.child.join()
-                raise NativeFailure(f"{self.what} crashed ({_death(self.child.exitcode)}) while "
-                                    f"{self.step}") from None
-            if kind == _PROGRESS:
-                self.step = payload
-            elif kind == _RAISED:
-                raise payload
-            elif kind == wanted:
-                return payload
-            else:
-                raise RuntimeError(f"{self.what} sent {kind!r} where {wanted!r} was awaited")
 
-
-class Peer:
-    """The child's end of ``Started``."""
-
-    def __init__(self, sender, receiver) -> None:
-        self.sender, self.receiver = sender, receiver
-
-    def receive(self) -> object:
-        """What the caller ``send``s (EOFError when the caller is gone)."""
-        return self.receiver.recv()
-
-    def send(self, data: object) -> None:
-        """Hand ``data`` to the caller's ``receive()``."""
-        self.sender.send((_DATA, data))
-
-
-def _child(work: Callable[[Progress, Peer], T], sender, receiver) -> None:
+def _child(work: Callable[[Progress], T], sender) -> None:
     faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
     try:
-        result = (_OK, work(lambda text: sender.send((_PROGRESS, text)), Peer(sender, receiver)))
+        result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it
         result = (_RAISED, exc)
     try:

@@ -10,19 +10,15 @@ holds every exposed value at once. ``measure`` therefore
   (nested nodes counted), each run as its own model, with buffer reuse off;
 - feeds each stage the values earlier stages computed, reduces the watched values it
   returns to ``ValueStats`` at once, and keeps only what later stages read;
-- hands what a stage freed (its session, its values) back to the system before the next;
-- given the values' types ahead, alternates the stages between two processes, each
-  creating its next session while the other runs a stage (two cores share the session
-  creation), handing each other the values the other's stages read.
+- hands what a stage freed (its session, its values) back to the system before the next.
 
 Memory holds one stage's values plus the values crossing into later stages.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +29,7 @@ from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import Thresholds, ValueStats
-from amp_rewrite.runtime.isolate import FORKS, Progress, Started, release_free_memory
+from amp_rewrite.runtime.isolate import Progress, release_free_memory
 from amp_rewrite.runtime.samples import Sample
 
 STAGE_NODES = 500
@@ -58,6 +54,8 @@ class Stage:
     """Values it returns: those watched, and those later stages read."""
     passed: list[str] = field(default_factory=list)
     """Its outputs that later stages read: the only ones kept past the stage."""
+    done: list[str] = field(default_factory=list)
+    """Values it reads that no later stage reads: dropped after it."""
 
 
 def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
@@ -91,6 +89,7 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
         stage.reads = sorted(read - weights)
         stage.passed = sorted(o for o in made if last_read.get(o, -1) > s)
         stage.outputs = sorted(set(stage.passed).union(o for o in made if o in watched))
+        stage.done = sorted(n for n in stage.reads if last_read[n] == s)
     return stages
 
 
@@ -108,36 +107,23 @@ def _needed(watched: set[str], reads: list[set[str]], outputs: list[list[str]]) 
 
 def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[str, ValueKey],
             data: Sequence[Sample], thresholds: Thresholds, base_dir: str | os.PathLike | None,
-            progress: Progress, types: Mapping[str, int] | None = None,
-            threads: int = 0) -> dict[ValueKey, ValueStats]:
+            progress: Progress, threads: int = 0) -> dict[ValueKey, ValueStats]:
     """Statistics of the ``top`` values (output name -> value; those that are not float32
-    tensors are passed over) and of the statistics rows that
-    ``instrument.lift_nested`` carried out (``stats``), over every sample of ``data``.
-    ``threads``: ONNX Runtime's intra-op threads in one process (0: one per core; 1 when
-    something else runs beside).
-
-    With ``types`` (the element types of top-level tensor values) and more than one stage,
-    the stages alternate between this process and a second child process: each creates the
-    session of its next stage while the other runs one (session creation, the larger part
-    of the cost, overlaps the runs on two cores), and hands over what the other reads of
-    each stage's outputs as soon as it ran. Each process holds one session at a time, with
-    one thread: ONNX Runtime's per-session thread pools, spinning beside the other process,
-    made the 48.6k-node benchmark transformer's measurement take 4.3-4.9 s instead of 2.8-3.3."""
-    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
+    tensors are passed over) and of the statistics rows that ``instrument.lift_nested``
+    carried out (``stats``), over every sample of ``data``. ``threads``: ONNX Runtime's
+    intra-op threads (0: one per core; 1 when something else runs beside)."""
+    runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds)
     live = [dict(sample) for sample in data]
-    if types is None or not FORKS or len(runs.stages) < 2:
-        return runs.alternate(0, 1, live, {}, None, progress, threads)
-    known = {name: helper.make_tensor_type_proto(types[name], None)
-             for stage in runs.stages for name in stage.reads if name in types}
-    known.update((name, _type_of(value)) for name, value in live[0].items())
-    other = Started(lambda report, peer: runs.alternate(1, 2, live, known, peer, report),
-                    "onnxruntime (range check, second process)")
-    try:
-        runs.alternate(0, 2, live, known, other, progress)
-        for key, found in other.result().items():
-            runs.add(key, found)
-    finally:
-        other.close()
+    for number, stage in enumerate(runs.stages):
+        progress(f"creating the session for {runs.where(number)}")
+        stage_model = _stage_model(model, runs.head, stage, {n: _type_of(live[0][n]) for n in stage.reads},
+                                   runs.weights)
+        session = instrument.session(stage_model, base_dir, reuse_memory=False, arena=False, threads=threads)
+        progress(f"running {runs.where(number)}")
+        for values in live:
+            runs.run(session, stage, values)
+        del session
+        release_free_memory()
     return runs.measured
 
 
@@ -145,9 +131,8 @@ class _Runs:
     """The stages of one measurement, and what they measured so far."""
 
     def __init__(self, model: onnx.ModelProto, stages: list[Stage], top: Mapping[str, ValueKey],
-                 stats: Mapping[str, ValueKey], thresholds: Thresholds, base_dir) -> None:
-        self.model, self.stages, self.top, self.stats = model, stages, top, stats
-        self.thresholds, self.base_dir = thresholds, base_dir
+                 stats: Mapping[str, ValueKey], thresholds: Thresholds) -> None:
+        self.model, self.stages, self.top, self.stats, self.thresholds = model, stages, top, stats, thresholds
         self.weights = {t.name: t for t in model.graph.initializer}
         self.head = _model_head(model)
         self.measured: dict[ValueKey, ValueStats] = {}
@@ -158,49 +143,9 @@ class _Runs:
         return (f"stage {number + 1} of {len(self.stages)} (nodes {stage.start}-{stage.stop - 1}, from "
                 f"{first.op_type} {first.name or first.output[0]!r})")
 
-    def session(self, number: int, types: Mapping[str, onnx.TypeProto], threads: int, progress: Progress):
-        progress(f"creating the session for {self.where(number)}")
-        model = _stage_model(self.model, self.head, self.stages[number], types, self.weights)
-        return instrument.session(model, self.base_dir, reuse_memory=False, arena=False, threads=threads)
-
-    def alternate(self, worker: int, workers: int, live: list[Sample], known: Mapping[str, onnx.TypeProto],
-                  peer, progress: Progress, threads: int = 1) -> dict[ValueKey, ValueStats]:
-        """Run every ``workers``-th stage from ``worker`` on every sample's ``live`` values; a
-        ``peer`` (``Started`` or its child's end) runs the others. A stage's session is made
-        from the ``known`` types before the peer's values for it arrive (from the values when
-        a type is not known ahead or was wrong). The peer gets, after each stage, the outputs
-        its later stages read; after its own stage, each process keeps only what its own later
-        stages read."""
-        mine = range(worker, len(self.stages), workers)
-        theirs = [number for number in range(len(self.stages)) if number % workers != worker]
-        received = 0
-        for number in mine:
-            stage = self.stages[number]
-            session = None
-            if peer is not None and all(name in known for name in stage.reads):
-                with contextlib.suppress(Exception):  # a type known ahead was wrong: made again from the values
-                    session = self.session(number, known, threads, progress)
-            while received < len(theirs) and theirs[received] < number:
-                for values, handed in zip(live, peer.receive()):
-                    values.update(handed)
-                received += 1
-            if session is None:
-                session = self.session(number, {name: _type_of(live[0][name]) for name in stage.reads}, threads,
-                                       progress)
-            progress(f"running {self.where(number)}")
-            keep = self._read_by(later for later in mine if later > number)
-            waiting = [later for later in theirs if later > number]
-            handover = self._read_by(waiting)
-            handed = [self._run(session, stage, values, keep, handover) for values in live]
-            if waiting:  # one hand-over per stage that a later stage of the peer's waits for
-                peer.send(handed)
-            del session, handed
-            release_free_memory()
-        return self.measured
-
-    def _run(self, session, stage: Stage, values: Sample, keep: set[str], handover: set[str]) -> Sample:
+    def run(self, session, stage: Stage, values: Sample) -> None:
         """Run ``stage`` on one sample's ``values`` and measure what it returns; ``values`` then
-        holds what ``keep`` names. Returns the outputs ``handover`` names."""
+        holds what later stages read."""
         results = instrument.run(session, {name: values[name] for name in stage.reads}, stage.outputs)
         for name, array in results.items():
             if name in self.stats:
@@ -208,12 +153,8 @@ class _Runs:
             elif name in self.top and isinstance(array, np.ndarray) and array.dtype == np.float32:
                 self.add(self.top[name], ValueStats.of(array, self.thresholds))
         values.update((name, results[name]) for name in stage.passed)
-        for name in [name for name in values if name not in keep]:
+        for name in stage.done:
             del values[name]
-        return {name: results[name] for name in stage.passed if name in handover}
-
-    def _read_by(self, numbers: Iterable[int]) -> set[str]:
-        return {name for number in numbers for name in self.stages[number].reads}
 
     def add(self, key: ValueKey, found: ValueStats) -> None:
         self.measured[key] = self.measured[key].merged(found) if key in self.measured else found

@@ -65,7 +65,8 @@ class MeasureRanges:
         weights = (t for graph in iter_graphs(model.graph) for t in graph.initializer)
         if not FORKS or _skip_reason(weights, options, bool(options.calibrate)):
             return None
-        return Measurement(Started(lambda progress, peer: _work(model, options, base_dir, None, None, 1)(progress),
+        # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
+        return Measurement(Started(lambda progress: _work(model, options, base_dir, None, threads=1)(progress),
                                    "onnxruntime (range check)"))
 
     def run(self, analysis: Analysis) -> None:
@@ -244,10 +245,7 @@ def _measure(analysis: Analysis, sources: dict[ValueKey, ValueKey]) -> dict:
     in a child process (``isolate``), stage by stage (``stages``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
-        model = analysis.index.model
-        types = {name: value.elem_type
-                 for (graph, name), value in analysis.index.values.items() if graph == 0 and value.elem_type}
-        work = _work(model, analysis.options, analysis.base_dir, sorted(set(sources.values())), types)
+        work = _work(analysis.index.model, analysis.options, analysis.base_dir, sorted(set(sources.values())))
         found = isolated(work, "onnxruntime (range check)")
     _describe(analysis, found[0])
     return _by_watched(found[1], sources)
@@ -263,7 +261,7 @@ def _describe(analysis: Analysis, description: str) -> None:
 
 
 def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[ValueKey] | None,
-          types: dict[str, int] | None, threads: int = 0) -> Callable[[Progress], tuple[str, dict]]:
+          threads: int = 0) -> Callable[[Progress], tuple[str, dict]]:
     """The measurement of ``keys`` (None: every float value) on the options' data, for a
     child process: (what extents generated inputs took, statistics by value key). The data
     are drawn here, before any session: data that cannot be made is the error to report."""
@@ -284,7 +282,7 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
         return samples.first_that_runs(
             itertools.chain([first], candidates),
             lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, base_dir,
-                                        progress, types, threads))
+                                        progress, threads))
 
     return work
 
