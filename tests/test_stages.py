@@ -38,6 +38,15 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
     assert len(staged) == len(keys) and any(k[0] != 0 for k in keys) == (build is control_flow)
 
 
+def test_lifting_every_nested_value_lifts_the_nested_float_values() -> None:
+    m = control_flow()
+    every = instrument.lift_nested(m, None, THRESHOLD)
+    named = instrument.lift_nested(m, [k for k in instrument.float_values(m) if k[0]], THRESHOLD)
+    assert every.stats and sorted(every.stats.values()) == sorted(named.stats.values())
+    plain = transformer(blocks=1)
+    assert instrument.lift_nested(plain, None, THRESHOLD).stats == {}
+
+
 def test_named_values_that_are_not_float_tensors_are_passed_over() -> None:
     m = model("""(float[2,4] x) => (float[2,4] y) {
         s = Shape(x)

@@ -22,7 +22,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
-from amp_rewrite.ir.graph import ModelIndex, ValueKey
+from amp_rewrite.ir.graph import ModelIndex, ValueKey, subgraphs
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.types import typed_index
 
@@ -107,9 +107,11 @@ class Exposed:
 
 def float_values(model: onnx.ModelProto, top_level: bool = False) -> list[ValueKey]:
     """Keys of the float32 values that nodes compute (every graph, or the top level only)."""
-    index = typed_index(model)
-    return [v.key for v in index.all_values()
-            if v.producer is not None and v.elem_type == TensorProto.FLOAT and (v.key[0] == 0 or not top_level)]
+    return [key for key in _computed_floats(typed_index(model)) if key[0] == 0 or not top_level]
+
+
+def _computed_floats(index: ModelIndex) -> list[ValueKey]:
+    return [v.key for v in index.all_values() if v.producer is not None and v.elem_type == TensorProto.FLOAT]
 
 
 def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds) -> Exposed:
@@ -125,18 +127,23 @@ def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresho
     return exposed
 
 
-def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds,
+def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey] | None, thresholds: Thresholds,
                 copy: bool = False) -> Exposed:
-    """``model`` (a copy when ``copy`` or when a value of ``keys`` is nested) in which every nested
-    value of ``keys`` is reduced to a statistics row carried to a top-level output (``stats``)."""
-    nested = [k for k in keys if k[0] != 0]
-    if nested or copy:
+    """``model`` (a copy when ``copy`` or when a value is lifted) in which every nested value of
+    ``keys`` (None: every nested float32 value that a node computes) is reduced to a statistics
+    row carried to a top-level output (``stats``)."""
+    nested = None if keys is None else [k for k in keys if k[0] != 0]
+    if nested is None and not any(True for node in model.graph.node for _ in subgraphs(node)):
+        nested = []
+    if nested is None or nested or copy:
         model_copy = onnx.ModelProto()
         model_copy.CopyFrom(model)
         model = model_copy
     stats: dict[str, ValueKey] = {}
-    if nested:
+    if nested is None or nested:
         index = typed_index(model)
+        if nested is None:
+            nested = [key for key in _computed_floats(index) if key[0] != 0]
         builder = _StatBuilder(index, thresholds)
         for key in nested:
             name = builder.lift(key) if key in index.values else None

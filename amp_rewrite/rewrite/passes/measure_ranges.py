@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import Value, ValueKey, node_key, subgraphs
+from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, ZERO_SINGULAR_INPUTS, op_key
@@ -81,14 +81,14 @@ class MeasureRanges:
         if not watched:
             analysis.range_check = "skipped: no value could change precision"
             return
-        sources = {v.key: _same_elements_source(analysis, v) for v in watched}
         source = _source(analysis, calibrated)
-        if analysis.speculate and analysis.measuring is not None:
-            analysis.pending = (watched, sources, calibrated, source)
-            analysis.range_check = "pending"
-            return
         measured = analysis.measured
         if measured is None:
+            sources = {v.key: _same_elements_source(analysis, v) for v in watched}
+            if analysis.speculate and analysis.measuring is not None:
+                analysis.pending = (watched, sources, calibrated, source)
+                analysis.range_check = "pending"
+                return
             try:
                 measured = _measure(analysis, sources)
             except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
@@ -270,12 +270,7 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
                   else samples.attempts(model, options.shapes, options.seed, implied_first=False))
     first = next(candidates)
     thresholds = instrument.Thresholds.of(options.precision)
-    if keys is None:
-        nested = any(True for node in model.graph.node for _ in subgraphs(node))
-        keys = [key for key in instrument.float_values(model) if key[0]] if nested else []
-        top = _computed_top_level(model)
-    else:
-        top = {name: (graph, name) for graph, name in keys if graph == 0}
+    top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
 
     def work(progress: Progress) -> tuple[str, dict]:
         lifted = instrument.lift_nested(model, keys, thresholds)
