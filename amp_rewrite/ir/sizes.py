@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx import AttributeProto
@@ -19,12 +20,14 @@ UNKNOWN_ELEMENTS = 4096
 
 
 class ValueSizes:
-    """Element counts. Shapes the model does not declare come from ONNX shape inference, run
-    once: ahead (``inferred``, from ``inferred_types``) or the first time a shape is missing."""
+    """Element counts. Shapes the model does not declare come from ONNX shape inference, asked
+    for the first time a shape is missing: of ``inferred`` (shape inference started ahead) or
+    run then."""
 
-    def __init__(self, index: ModelIndex, inferred: dict[int, dict[str, TensorType]] | None = None) -> None:
+    def __init__(self, index: ModelIndex, inferred: Callable[[], InferredTypes] | None = None) -> None:
         self.index = index
-        self._inferred = inferred
+        self._infer = inferred or (lambda: inferred_types(index.model))
+        self._inferred: InferredTypes | None = None
 
     def elements(self, value: Value) -> int:
         if value.shape is None:
@@ -42,28 +45,83 @@ class ValueSizes:
 
     def _read_inferred(self, value: Value) -> None:
         if self._inferred is None:
-            self._inferred = inferred_types(self.index.model)
+            self._inferred = self._infer()
         graph_id, name = value.key
-        found = self._inferred.get(graph_id, {}).get(name)
+        found = self._inferred.get(graph_id, name)
         if found is not None:
             elem_type, shape = found
             value.elem_type = value.elem_type or elem_type
             value.shape = shape if shape is not None else value.shape
 
 
-def inferred_types(model: onnx.ModelProto) -> dict[int, dict[str, TensorType]]:
-    """Tensor types by graph id (``ModelIndex``'s numbering) and name, from ONNX shape inference
-    (empty when it fails: it is a best effort). They are read out of the inferred model at
-    once, which is then dropped: kept, it would hold a second copy of every node."""
-    light = without_weights(model).SerializeToString()  # the copy is gone before inference
+class InferredTypes:
+    """Tensor types that ONNX shape inference found, by graph id (``ModelIndex``'s numbering)
+    and name. Of the inferred model, only its graphs' value infos are parsed (``_infos_type``:
+    parsing the whole model cost more than the inference); an info is read when asked for
+    (the costs ask for about a quarter of them), and subgraphs are found the first time a
+    nested value is asked for."""
+
+    def __init__(self, inferred: bytes = b"") -> None:
+        self._model = _infos_type().FromString(inferred)
+        self._graphs = [self._model.graph]
+        self._where: dict[int, dict[str, onnx.ValueInfoProto]] = {}
+
+    def get(self, graph_id: int, name: str) -> TensorType | None:
+        if graph_id and len(self._graphs) == 1:
+            self._graphs = list(iter_graphs(self._model.graph))
+        if graph_id >= len(self._graphs):
+            return None
+        if graph_id not in self._where:
+            graph = self._graphs[graph_id]
+            self._where[graph_id] = {info.name: info for infos in (graph.value_info, graph.output) for info in infos}
+        info = self._where[graph_id].get(name)
+        return None if info is None else tensor_type(info.type)
+
+
+@functools.cache
+def _infos_type() -> type:
+    """A message type that reads a serialized ModelProto's graphs as their value infos,
+    outputs and subgraphs alone (onnx's field numbers, onnx's ValueInfoProto): what else the
+    model holds is skipped as unknown bytes, with no message made for it."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field_type = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="amp_rewrite/inferred_infos.proto", package="amp_rewrite",
+                                              dependency=[onnx.ValueInfoProto.DESCRIPTOR.file.name])
+    shapes = {"Model": (onnx.ModelProto, {"graph": "Graph"}),
+              "Graph": (onnx.GraphProto, {"node": "Node", "output": ".onnx.ValueInfoProto",
+                                          "value_info": ".onnx.ValueInfoProto"}),
+              "Node": (onnx.NodeProto, {"attribute": "Attribute"}),
+              "Attribute": (onnx.AttributeProto, {"g": "Graph", "graphs": "Graph", "type": None})}
+    for name, (proto, fields) in shapes.items():
+        message = file.message_type.add(name=name)
+        for field_name, type_name in fields.items():
+            declared = proto.DESCRIPTOR.fields_by_name[field_name]
+            label = field_type.LABEL_REPEATED if declared.is_repeated else field_type.LABEL_OPTIONAL
+            if type_name is None:  # an enum, read as the integer it is on the wire
+                message.field.add(name=field_name, number=declared.number, type=field_type.TYPE_INT32, label=label)
+            else:
+                message.field.add(name=field_name, number=declared.number, type=field_type.TYPE_MESSAGE, label=label,
+                                  type_name=type_name if type_name.startswith(".") else f".amp_rewrite.{type_name}")
+    pool = descriptor_pool.Default()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("amp_rewrite.Model"))
+
+
+def inferred_types(model: onnx.ModelProto) -> InferredTypes:
+    """The tensor types ONNX shape inference finds (none when it fails: it is a best effort)."""
+    return InferredTypes(inferred_model(model))
+
+
+def inferred_model(model: onnx.ModelProto) -> bytes:
+    """``model`` without its weights as ONNX shape inference (data propagation on) returns it,
+    serialized (empty when inference fails)."""
+    from onnx.onnx_cpp2py_export import shape_inference
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+        return shape_inference.infer_shapes(without_weights(model).SerializeToString(), False, False, True)
     except Exception:  # a custom op or a bad model stops it
-        return {}
-    del light
-    return {graph_id: {info.name: found for info in (*proto.value_info, *proto.output)
-                       if (found := tensor_type(info.type)) is not None}
-            for graph_id, proto in enumerate(iter_graphs(inferred.graph))}
+        return b""
 
 
 def lacks_shapes(model: onnx.ModelProto) -> bool:

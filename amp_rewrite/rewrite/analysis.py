@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -11,6 +12,7 @@ from onnx import TensorProto
 
 from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
 from amp_rewrite.ir.precision import Precision
+from amp_rewrite.ir.sizes import InferredTypes
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.rewrite.coloring import Color, Coloring
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -59,9 +61,9 @@ class Analysis:
     for the caller to ``settle`` after converting on."""
     pending: tuple | None = None
     """What ``MeasureRanges.settle`` judges: the watched values and how they are measured."""
-    inferred: dict | None = None
-    """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
-    costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""
+    inferred: Callable[[], InferredTypes] | None = None
+    """The tensor types shape inference finds, for ChooseMinCasts's costs (started ahead, in
+    ``pipeline.analyze``); None: inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
         self.policy = Policy(self.options.provider, self.options.policy)
