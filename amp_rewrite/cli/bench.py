@@ -9,7 +9,6 @@ from amp_rewrite.cli.common import EXIT_OK, check_writable
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.io import save_text
 from amp_rewrite.runtime.samples import parse_shape
-from amp_rewrite.workflows.bench import bench
 
 
 def add_parser(commands) -> None:
@@ -36,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(Path(args.report))
     if args.random is not None and args.random < 1:
         raise UserError(f"--random must be at least 1, got {args.random}")
+    from amp_rewrite.workflows.bench import bench  # here, not at the top: every subcommand's start would pay for it
     result = bench(args.model, args.mixed, provider=args.provider, inputs=args.inputs, random=args.random,
                    shapes=dict(parse_shape(s) for s in args.shape), warmup=args.warmup, runs=args.runs,
                    profile_runs=args.profile_runs, seed=args.seed)

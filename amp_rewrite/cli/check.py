@@ -10,7 +10,6 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir.io import save_text
 from amp_rewrite.numerics.check import DEFAULT_PROVIDER
 from amp_rewrite.runtime.samples import parse_shape
-from amp_rewrite.workflows.check import check
 
 
 def add_parser(commands) -> None:
@@ -43,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.random is not None and args.random < 1:
         raise UserError(f"--random must be at least 1, got {args.random}")
     default, per_output = tolerances(args)
+    from amp_rewrite.workflows.check import check  # here, not at the top: every subcommand's start would pay for it
     result = check(args.original, args.mixed, inputs=args.inputs, random=args.random,
                    shapes=dict(parse_shape(s) for s in args.shape), tolerance=default, tolerances=per_output,
                    provider=args.provider, emulate=args.emulate, localize_failures=args.localize, seed=args.seed)

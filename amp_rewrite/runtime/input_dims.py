@@ -31,6 +31,7 @@ reflect Pad (a pad of 1 needs 2).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,9 +60,14 @@ MAX_ROUNDS = 4
 """Rounds of the rules over the graph; a binding found late can enable another."""
 TO_THE_END = 2**31 - 1
 """A Slice end at least this large reaches the end of any axis (INT32_MAX, INT64_MAX are usual)."""
-BROADCASTING = frozenset(s.name for s in defs.get_all_schemas()
-                         if s.domain == "" and "multidirectional" in (s.doc or "").lower())
-"""Ops whose inputs broadcast numpy-style, as their ONNX schemas say (Add, Mul, Where, ...)."""
+
+
+@functools.cache
+def broadcasting() -> frozenset[str]:
+    """Ops whose inputs broadcast numpy-style, as their ONNX schemas say (Add, Mul, Where, ...);
+    read when first asked for: reading every schema costs more than importing onnx does."""
+    return frozenset(s.name for s in defs.get_all_schemas()
+                     if s.domain == "" and "multidirectional" in (s.doc or "").lower())
 
 
 GUESSED = ", guessed"
@@ -111,10 +117,11 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
 
 def _apply(rules: _Rules, declared: list[tuple[ValueKey, tuple]]) -> None:
     """The rules, in rounds until a round learns nothing new."""
+    broadcast_ops = broadcasting()
     for _ in range(MAX_ROUNDS):
         found = rules.learnt()
         for node in rules.index.nodes:
-            rule = _NODE_RULES.get(node.op_type) or (_broadcast if node.op_type in BROADCASTING else None)
+            rule = _NODE_RULES.get(node.op_type) or (_broadcast if node.op_type in broadcast_ops else None)
             if rule is not None and node.domain == "":
                 rule(rules, node)
         for key, dims in declared:
