@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import onnx
 from onnx import AttributeProto
@@ -20,14 +20,12 @@ UNKNOWN_ELEMENTS = 4096
 
 
 class ValueSizes:
-    """Element counts. Shapes the model does not declare come from ONNX shape inference, asked
-    for the first time a shape is missing: of ``inferred`` (shape inference started ahead) or
-    run then."""
+    """Element counts. Shapes the model does not declare come from ONNX shape inference: run
+    ahead (``inferred``, from ``inferred_types``) or the first time a shape is missing."""
 
-    def __init__(self, index: ModelIndex, inferred: Callable[[], InferredTypes] | None = None) -> None:
+    def __init__(self, index: ModelIndex, inferred: InferredTypes | None = None) -> None:
         self.index = index
-        self._infer = inferred or (lambda: inferred_types(index.model))
-        self._inferred: InferredTypes | None = None
+        self._inferred = inferred
 
     def elements(self, value: Value) -> int:
         if value.shape is None:
@@ -45,7 +43,7 @@ class ValueSizes:
 
     def _read_inferred(self, value: Value) -> None:
         if self._inferred is None:
-            self._inferred = self._infer()
+            self._inferred = inferred_types(self.index.model)
         graph_id, name = value.key
         found = self._inferred.get(graph_id, name)
         if found is not None:
@@ -56,72 +54,62 @@ class ValueSizes:
 
 class InferredTypes:
     """Tensor types that ONNX shape inference found, by graph id (``ModelIndex``'s numbering)
-    and name. Of the inferred model, only its graphs' value infos are parsed (``_infos_type``:
-    parsing the whole model cost more than the inference); an info is read when asked for
-    (the costs ask for about a quarter of them), and subgraphs are found the first time a
-    nested value is asked for."""
+    and name. Of the inferred model, only its graphs' value infos are parsed, each as its name
+    and its type's bytes (``_infos_type``: parsing the whole model cost more than the
+    inference, and a parsed TypeProto per value held 31 MB at 48.6k nodes, a dict of tensor
+    types 30 MB); a type is read when asked for (the costs ask for about a quarter of them)."""
 
     def __init__(self, inferred: bytes = b"") -> None:
-        self._model = _infos_type().FromString(inferred)
-        self._graphs = [self._model.graph]
-        self._where: dict[int, dict[str, onnx.ValueInfoProto]] = {}
+        self._types = [{info.name: info.type for infos in (graph.value_info, graph.output) for info in infos}
+                       for graph in iter_graphs(_infos_type().FromString(inferred).graph)]
 
     def get(self, graph_id: int, name: str) -> TensorType | None:
-        if graph_id and len(self._graphs) == 1:
-            self._graphs = list(iter_graphs(self._model.graph))
-        if graph_id >= len(self._graphs):
-            return None
-        if graph_id not in self._where:
-            graph = self._graphs[graph_id]
-            self._where[graph_id] = {info.name: info for infos in (graph.value_info, graph.output) for info in infos}
-        info = self._where[graph_id].get(name)
-        return None if info is None else tensor_type(info.type)
+        found = self._types[graph_id].get(name) if graph_id < len(self._types) else None
+        return None if found is None else tensor_type(onnx.TypeProto.FromString(found))
 
 
 @functools.cache
 def _infos_type() -> type:
     """A message type that reads a serialized ModelProto's graphs as their value infos,
-    outputs and subgraphs alone (onnx's field numbers, onnx's ValueInfoProto): what else the
-    model holds is skipped as unknown bytes, with no message made for it."""
+    outputs (name and type's bytes) and subgraphs alone, by onnx's field numbers: what else
+    the model holds is skipped as unknown bytes, with no message made for it."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     field_type = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(name="amp_rewrite/inferred_infos.proto", package="amp_rewrite",
-                                              dependency=[onnx.ValueInfoProto.DESCRIPTOR.file.name])
+    file = descriptor_pb2.FileDescriptorProto(name="amp_rewrite/inferred_infos.proto", package="amp_rewrite")
+    # message -> (onnx's message, its fields: a message type of this file, or how the wire is read)
     shapes = {"Model": (onnx.ModelProto, {"graph": "Graph"}),
-              "Graph": (onnx.GraphProto, {"node": "Node", "output": ".onnx.ValueInfoProto",
-                                          "value_info": ".onnx.ValueInfoProto"}),
+              "Graph": (onnx.GraphProto, {"node": "Node", "output": "ValueInfo", "value_info": "ValueInfo"}),
               "Node": (onnx.NodeProto, {"attribute": "Attribute"}),
-              "Attribute": (onnx.AttributeProto, {"g": "Graph", "graphs": "Graph", "type": None})}
+              "Attribute": (onnx.AttributeProto, {"g": "Graph", "graphs": "Graph", "type": field_type.TYPE_INT32}),
+              "ValueInfo": (onnx.ValueInfoProto, {"name": field_type.TYPE_STRING, "type": field_type.TYPE_BYTES})}
     for name, (proto, fields) in shapes.items():
         message = file.message_type.add(name=name)
-        for field_name, type_name in fields.items():
+        for field_name, kind in fields.items():
             declared = proto.DESCRIPTOR.fields_by_name[field_name]
             label = field_type.LABEL_REPEATED if declared.is_repeated else field_type.LABEL_OPTIONAL
-            if type_name is None:  # an enum, read as the integer it is on the wire
-                message.field.add(name=field_name, number=declared.number, type=field_type.TYPE_INT32, label=label)
-            else:
+            if isinstance(kind, str):
                 message.field.add(name=field_name, number=declared.number, type=field_type.TYPE_MESSAGE, label=label,
-                                  type_name=type_name if type_name.startswith(".") else f".amp_rewrite.{type_name}")
+                                  type_name=f".amp_rewrite.{kind}")
+            else:  # a scalar, read as it is on the wire (an enum as its integer)
+                message.field.add(name=field_name, number=declared.number, type=kind, label=label)
     pool = descriptor_pool.Default()
     pool.Add(file)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("amp_rewrite.Model"))
 
 
 def inferred_types(model: onnx.ModelProto) -> InferredTypes:
-    """The tensor types ONNX shape inference finds (none when it fails: it is a best effort)."""
-    return InferredTypes(inferred_model(model))
-
-
-def inferred_model(model: onnx.ModelProto) -> bytes:
-    """``model`` without its weights as ONNX shape inference (data propagation on) returns it,
-    serialized (empty when inference fails)."""
+    """The tensor types ONNX shape inference (data propagation on) finds in ``model`` without
+    its weights (none when it fails: it is a best effort). Inference is called as
+    ``onnx.shape_inference.infer_shapes`` calls it, on the serialized model, and its result is
+    parsed lightly (``InferredTypes``) rather than as a ModelProto."""
     from onnx.onnx_cpp2py_export import shape_inference
 
     try:
-        return shape_inference.infer_shapes(without_weights(model).SerializeToString(), False, False, True)
+        inferred = shape_inference.infer_shapes(without_weights(model).SerializeToString(), False, False, True)
     except Exception:  # a custom op or a bad model stops it
-        return b""
+        inferred = b""
+    return InferredTypes(inferred)
 
 
 def lacks_shapes(model: onnx.ModelProto) -> bool:

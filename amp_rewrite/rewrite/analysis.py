@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,9 +60,9 @@ class Analysis:
     for the caller to ``settle`` after converting on."""
     pending: tuple | None = None
     """What ``MeasureRanges.settle`` judges: the watched values and how they are measured."""
-    inferred: Callable[[], InferredTypes] | None = None
-    """The tensor types shape inference finds, for ChooseMinCasts's costs (started ahead, in
-    ``pipeline.analyze``); None: inferred when a cost first needs a shape the model lacks."""
+    inferred: InferredTypes | None = None
+    """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
+    costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
         self.policy = Policy(self.options.provider, self.options.policy)

@@ -14,15 +14,14 @@ from collections.abc import Iterator
 
 import onnx
 
-from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import ModelIndex
-from amp_rewrite.ir.sizes import InferredTypes, inferred_model, inferred_types, lacks_shapes
+from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.passes.measure_ranges import Measurement
-from amp_rewrite.runtime.isolate import FORKS, Started, release_free_memory
+from amp_rewrite.runtime.isolate import release_free_memory
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
@@ -36,24 +35,20 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     options = (options or ConvertOptions()).validated()
     if measuring is None and measured is None:
         measuring = MeasureRanges.start(model, options, base_dir)
-    inferring = _ShapesBeside(model) if FORKS and measuring is None and lacks_shapes(model) else None
     try:
         with gc_paused():
             started = time.perf_counter()
-            inferred = inferring
-            if measuring is not None and lacks_shapes(model):
-                # Both cores are busy (the range check's child measures beside): shapes are
-                # inferred here, before the index exists, so that the inference's memory is
-                # handed back before the index is built (after it, on a 50k-node model, they
-                # peaked at 100 MB above the index: the conversion's peak).
-                types = inferred_types(model)
-                release_free_memory()
-                inferred = lambda: types  # noqa: E731
-            indexed_at = time.perf_counter()
+            # Shapes the model lacks are inferred before the index exists, and the inference's
+            # memory is handed back before the index is built: inferred after it, on a 50k-node
+            # model, they peaked at 100 MB above the index (the conversion's peak). (Inferred in
+            # a child process beside the analysis, they cost 70 MB more PSS and saved no time.)
+            inferred = inferred_types(model) if lacks_shapes(model) else None
+            release_free_memory()
+            inferred_at = time.perf_counter()
             analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
                                 speculate=speculate, inferred=inferred)
-            analysis.seconds["ShapeInference"] = indexed_at - started
-            analysis.seconds["ModelIndex"] = time.perf_counter() - indexed_at
+            analysis.seconds["ShapeInference"] = inferred_at - started
+            analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
             for step in ANALYSIS:
                 started = time.perf_counter()
                 step().run(analysis)
@@ -62,9 +57,6 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
         if measuring is not None:
             measuring.close()
         raise
-    finally:
-        if inferring is not None:
-            inferring.close()
     if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
         measuring.close()
     return analysis
@@ -82,24 +74,6 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
         stats = InsertCasts(defer).run(analysis)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
         return analysis, stats
-
-
-class _ShapesBeside:
-    """ONNX shape inference of a model (the shapes it does not declare, for the costs of
-    casts), run in a child process beside the analysis: the second core does it, and a crash
-    in its native code loses the inferred shapes (a best effort) rather than the conversion."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.started = Started(lambda progress: inferred_model(model), "ONNX shape inference")
-
-    def __call__(self) -> InferredTypes:
-        try:
-            return InferredTypes(self.started.result())
-        except UserError:
-            return InferredTypes()
-
-    def close(self) -> None:
-        self.started.close()
 
 
 @contextlib.contextmanager

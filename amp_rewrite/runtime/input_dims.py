@@ -5,10 +5,10 @@ model that reshapes ``batch x 16`` to a fixed [1, 4, 64]: the graph says ``batch
 ``implied_dims`` reads such bindings off the graph. ONNX shape inference, run on a copy
 without the model's own value_info (an unnamed input dimension named ``input[axis]`` there),
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
-graph (If and Loop bodies included). A dimension is a fixed extent or a name plus an offset
-(``batch + 1``): Pad with constant pads (its axes input too, which inference does not
+graph (If and Loop bodies included). A dimension is a fixed extent or a name times a scale
+plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its axes input too, which inference does not
 follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``), and
-Concat of a named extent with fixed ones give such sums, and a fresh name that inference gave
+Concat of a named extent with fixed ones or with itself give such sums, and a fresh name that inference gave
 in their place stands for them wherever it reaches. Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
@@ -48,10 +48,25 @@ from amp_rewrite.ir.tensors import constant_tensor
 
 @dataclass(frozen=True)
 class Sym:
-    """A dimension named ``name``, plus ``offset`` (``batch + 1`` after a Pad of one)."""
+    """A dimension named ``name``, times ``scale``, plus ``offset`` (``batch + 1`` after a Pad
+    of one, ``2 x batch`` after a Concat of a value with itself)."""
 
     name: str
     offset: int = 0
+    scale: int = 1
+
+    def at(self, extent: int) -> int:
+        """The dimension where its name is ``extent``."""
+        return self.scale * extent + self.offset
+
+    def reaching(self, extent: int) -> int:
+        """The least extent of its name at which the dimension is ``extent`` or more."""
+        return -((self.offset - extent) // self.scale)
+
+    def solved(self, extent: int) -> int | None:
+        """Its name's extent where the dimension is ``extent``, or None where none gives it."""
+        name, left = divmod(extent - self.offset, self.scale)
+        return None if left else name
 
 
 Dim = int | Sym | None
@@ -197,12 +212,13 @@ class _Rules:
 
     def extent(self, dim: Dim) -> Dim:
         pin = self.pins.get(dim.name) if isinstance(dim, Sym) else None
-        return pin.extent + dim.offset if pin else dim
+        return dim.at(pin.extent) if pin else dim
 
     def pin(self, dim: Sym, extent: int, origin: str) -> None:
         """Bind ``dim``'s name so that ``dim`` is ``extent``."""
-        if dim.name in self.names and dim.name not in self.pins and extent - dim.offset >= 1:
-            self.pins[dim.name] = Pin(extent - dim.offset, origin)
+        solved = dim.solved(extent)
+        if dim.name in self.names and dim.name not in self.pins and solved is not None and solved >= 1:
+            self.pins[dim.name] = Pin(solved, origin)
 
     def agree(self, columns: Iterable[Sequence[Dim]], origin: str, broadcast: bool = False) -> None:
         """Each column holds dimensions that must be equal (``broadcast``: or 1): one fixed
@@ -231,18 +247,18 @@ class _Rules:
             return
         *others, last = dict.fromkeys(d.name for d in unknown)
         at = {name: self.least.get(name, 1) for name in others}
-        have *= math.prod(at[d.name] + d.offset for d in unknown if d.name != last)
+        have *= math.prod(d.at(at[d.name]) for d in unknown if d.name != last)
         mine = [d for d in unknown if d.name == last]
-        low = max(self.least.get(last, 1), 1 - min(d.offset for d in mine))
+        low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
         for extent in range(low, low + needed + 1) if have > 0 else ():
-            if not have * math.prod(extent + d.offset for d in mine) % needed:
+            if not have * math.prod(d.at(extent) for d in mine) % needed:
                 self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
                 return
 
     def at_least(self, dim: Dim, extent: int) -> None:
         """``dim`` must be ``extent`` or more."""
         if isinstance(dim, Sym) and dim.name in self.names:
-            self.least[dim.name] = max(self.least.get(dim.name, 1), extent - dim.offset)
+            self.least[dim.name] = max(self.least.get(dim.name, 1), dim.reaching(extent))
 
     def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False,
               others: Mapping[str, int] | None = None) -> None:
@@ -279,7 +295,7 @@ class _Rules:
         tries = ({name: max(self.guess, self.least.get(name, 1)) for name in others},
                  {name: self.least.get(name, 1) for name in others}, dict.fromkeys(others, 1))
         for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
-            rest = math.prod(at[name] + d.offset for name in others for d in factors[name])
+            rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
             count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
             extent = None if left_over else _solved(factors[last], count)
             if extent is not None and extent >= self.least.get(last, 1):
@@ -290,12 +306,12 @@ class _Rules:
 def _solved(dims: Sequence[Sym], count: int) -> int | None:
     """The extent of the name that ``dims`` share at which their product is ``count``, or None
     (a binary search: the product grows with the name)."""
-    low = max(1, 1 - min(d.offset for d in dims))
-    high = max(low, count - min(d.offset for d in dims))  # that factor alone reaches count there
+    low = max(1, *(d.reaching(1) for d in dims))
+    high = max(low, *(d.reaching(count) for d in dims))  # each factor alone reaches count there
     while low < high:
         middle = (low + high) // 2
-        low, high = (middle + 1, high) if math.prod(middle + d.offset for d in dims) < count else (low, middle)
-    return low if math.prod(low + d.offset for d in dims) == count else None
+        low, high = (middle + 1, high) if math.prod(d.at(middle) for d in dims) < count else (low, middle)
+    return low if math.prod(d.at(low) for d in dims) == count else None
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
@@ -426,13 +442,13 @@ def _as_dims(array: np.ndarray | None) -> list[Dim] | None:
 
 
 def _sum(dims: Sequence[Dim]) -> Dim:
-    """Fixed extents and at most one named one added up (Concat's axis, a padded one), or None."""
+    """Fixed extents and dimensions of at most one name added up (Concat's axis, a padded one), or None."""
     named = [d for d in dims if not isinstance(d, int)]
     total = sum(d for d in dims if isinstance(d, int))
     if not named:
         return total
-    if len(named) == 1 and isinstance(named[0], Sym):
-        return Sym(named[0].name, named[0].offset + total)
+    if all(isinstance(d, Sym) and d.name == named[0].name for d in named):
+        return Sym(named[0].name, total + sum(d.offset for d in named), sum(d.scale for d in named))
     return None
 
 
