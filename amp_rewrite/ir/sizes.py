@@ -59,7 +59,7 @@ class InferredTypes:
     inference, and a parsed TypeProto per value held 31 MB at 48.6k nodes, a dict of tensor
     types 30 MB); a type is read when asked for (the costs ask for about a quarter of them)."""
 
-    def __init__(self, inferred: bytes = b"") -> None:
+    def __init__(self, inferred: bytes) -> None:
         self._types = [{info.name: info.type for infos in (graph.value_info, graph.output) for info in infos}
                        for graph in iter_graphs(_infos_type().FromString(inferred).graph)]
 

@@ -6,10 +6,11 @@ model that reshapes ``batch x 16`` to a fixed [1, 4, 64]: the graph says ``batch
 without the model's own value_info (an unnamed input dimension named ``input[axis]`` there),
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
 graph (If and Loop bodies included). A dimension is a fixed extent or a name times a scale
-plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its axes input too, which inference does not
-follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``), and
-Concat of a named extent with fixed ones or with itself give such sums, and a fresh name that inference gave
-in their place stands for them wherever it reaches. Then, until nothing new is learnt:
+plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its axes input too,
+which inference does not follow), Slice with constant starts and ends (``[1:]`` is
+``batch - 1``), and Concat of a named extent with fixed ones or with itself give such sums,
+and a fresh name that inference gave in their place stands for them wherever it reaches.
+Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
@@ -65,8 +66,8 @@ class Sym:
 
     def solved(self, extent: int) -> int | None:
         """Its name's extent where the dimension is ``extent``, or None where none gives it."""
-        name, left = divmod(extent - self.offset, self.scale)
-        return None if left else name
+        solved, left = divmod(extent - self.offset, self.scale)
+        return None if left else solved
 
 
 Dim = int | Sym | None
