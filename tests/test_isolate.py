@@ -3,6 +3,7 @@ end of ``convert`` or ``check``."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -13,8 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_rewrite import UserError, convert
-from amp_rewrite.runtime import instrument, stages
-from amp_rewrite.runtime.isolate import NativeFailure, isolated
+from amp_rewrite.rewrite.passes import measure_ranges
+from amp_rewrite.runtime import instrument, isolate, stages
+from amp_rewrite.runtime.isolate import Hung, NativeFailure, Started, isolated
 from tests.helpers import model
 
 
@@ -60,10 +62,14 @@ def test_onnxruntime_crashing_on_a_float16_transpose_matmul_leaves_the_caller_al
         assert "crashed (signal SIGSEGV) while creating the session" in str(failure)
 
 
-def test_convert_survives_a_range_check_that_crashes(monkeypatch) -> None:
+@pytest.mark.parametrize("child", ["worker", "forked"])
+def test_convert_survives_a_range_check_that_crashes(child, monkeypatch) -> None:
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",
               {"w": np.full((4, 4), 3000.0, np.float32)})
     monkeypatch.setattr(stages, "measure", lambda *args: _segfault(lambda text: None))
+    monkeypatch.setattr(isolate._Worker, "_idle", None)  # a worker forked before the patch would not crash
+    if child == "forked":
+        monkeypatch.setattr(measure_ranges, "PORTABLE_NODES", 0)
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model on generated inputs")
     assert "crashed (signal SIGSEGV)" in report.range_check
@@ -71,3 +77,45 @@ def test_convert_survives_a_range_check_that_crashes(monkeypatch) -> None:
     onnx.checker.check_model(out, full_check=True)
     with pytest.raises(UserError, match="range check: onnxruntime could not run the model"):
         convert(m, provider=None, range_check="on")
+
+
+def _echo(value, delay: float, progress) -> tuple:
+    time.sleep(delay)
+    return value, os.getpid()
+
+
+def _portable(work, *args, timeout: float = 60.0) -> Started:
+    return Started(functools.partial(work, *args), "demo", timeout, portable=True)
+
+
+def test_portable_work_runs_in_one_worker_one_piece_after_another() -> None:
+    first = _portable(_echo, "a", 0).result()
+    second = _portable(_echo, "b", 0).result()
+    assert first[0] == "a" and second[0] == "b"
+    assert first[1] == second[1] != os.getpid()
+
+
+def test_a_crash_or_a_hang_in_the_worker_is_one_error_and_the_next_work_gets_a_new_worker() -> None:
+    _, before = _portable(_echo, "a", 0).result()
+    with pytest.raises(NativeFailure, match=r"^demo crashed \(signal SIGSEGV\) while doing something fragile$"):
+        _portable(_segfault).result()
+    value, after = _portable(_echo, "b", 0).result()
+    assert value == "b" and after != before
+    with pytest.raises(Hung, match="did not finish within 0.5 s"):
+        _portable(_echo, "c", 30, timeout=0.5).result()
+    value, last = _portable(_echo, "d", 0).result()
+    assert value == "d" and last != after
+
+
+def test_work_given_up_on_never_answers_for_the_next() -> None:
+    _, worker = _portable(_echo, "a", 0).result()
+    _portable(_echo, "finished after it was given up", 0.1).close()
+    time.sleep(1.0)  # its result is in: the worker takes the next work once it has read past it
+    assert _portable(_echo, "b", 0).result() == ("b", worker)
+    _portable(_echo, "still running when the next work comes", 30).close()
+    value, other = _portable(_echo, "c", 0).result()  # a new worker: the old one is busy
+    assert value == "c" and other != worker
+
+
+def test_work_that_does_not_pickle_runs_in_a_child_of_its_own() -> None:
+    assert Started(lambda progress: os.getpid(), "demo", portable=True).result() != os.getpid()

@@ -1,24 +1,35 @@
 """Running native code (ONNX Runtime) where a crash or a hang cannot take the caller down.
 
-``isolated(work, what)`` runs ``work`` in a forked child process and returns what it
-returns (``Started`` is the same, for work that runs while the caller goes on). A Python
+``isolated(work, what)`` runs ``work`` in a child process and returns what it returns
+(``Started`` is the same, for work that runs while the caller goes on). A Python
 exception in the child comes back as the same exception; a crash (a segfault in ONNX
 Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 :class:`UserError` that says which step was running, taken from the last
-``progress(text)`` the work reported. The child inherits the caller's memory, so
-models and samples are not copied; only the result crosses back, pickled.
+``progress(text)`` the work reported.
+
+Two kinds of child. By default the work runs in a child forked for it, which inherits the
+caller's memory: models and samples are not copied, only the result crosses back, pickled.
+Small work that pickles (``portable``) goes instead to the process's worker, a child forked
+once that runs one piece of work after another (``_Worker``): a fork costs in proportion to
+the caller's address space (here 6 ms to fork a 200 MB process, 70 ms at 2 GB, and as long
+again to take the child down), which a process that converts many small models paid in every
+conversion, many times over the work.
 
 Where ``fork`` is not offered (Windows), the work runs in the calling process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import gc
+import importlib
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,9 +40,16 @@ Progress = Callable[[str], None]
 
 DEFAULT_TIMEOUT = 900.0
 """Seconds a piece of isolated work may run before it is taken for a hang."""
+WORKER_IDLE = 60.0
+"""Seconds the worker waits for work before it exits; the caller sends none to a worker idle
+for half of that (so none to one that is exiting)."""
 _OK, _RAISED, _PROGRESS = "ok", "raised", "progress"
 FORKS = "fork" in multiprocessing.get_all_start_methods()
 """Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
+CHILD_IMPORTS = ("onnxruntime", "numpy.random")
+"""What the work imports (ONNX Runtime; numpy's generators, for generated inputs): imported by the
+caller before its first fork. What a child imports dies with it: a process that converts many
+small models paid these imports (25-60 ms) in every conversion's child."""
 
 
 class NativeFailure(UserError):
@@ -50,19 +68,27 @@ def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = D
 
 
 class Started:
-    """``work(progress)`` running in a forked child (``FORKS`` must hold); the caller collects
-    the result with ``result()`` (``close()`` stops the child when the caller gives up before)."""
+    """``work(progress)`` running in a child (``FORKS`` must hold): forked for it, or, where
+    ``portable`` (the work pickles, and small), the process's worker. The caller collects the
+    result with ``result()`` (``close()`` when it gives up before)."""
 
-    def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT,
+                 portable: bool = False) -> None:
+        _import_child_modules()
+        self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
+        self.worker = _Worker.take() if portable else None
+        if self.worker is not None:
+            self.connection, self.process = self.worker.connection, self.worker.process
+            try:
+                self.connection.send(work)
+                return
+            except Exception:  # it did not pickle, or the worker is gone: a child of its own runs it
+                self.worker.stop()
+                self.worker = None
         context = multiprocessing.get_context("fork")
-        self.what, self.timeout, self.step = what, timeout, "starting"
-        self.receiver, child_sender = context.Pipe(duplex=False)
-        self.child = context.Process(target=_child, args=(work, child_sender))
-        gc.freeze()  # the child's collector leaves the inherited objects (and their pages) alone
-        try:
-            self.child.start()
-        finally:
-            gc.unfreeze()
+        self.connection, child_sender = context.Pipe(duplex=False)
+        self.process = context.Process(target=_child, args=(work, child_sender))
+        _fork(self.process)
         child_sender.close()
 
     def result(self) -> T:
@@ -70,33 +96,148 @@ class Started:
         (taking in its progress reports on the way)."""
         try:
             while True:
-                if not self.receiver.poll(self.timeout):
+                if not self.connection.poll(self.timeout):
                     raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
                                f"stopped it")
                 try:
-                    kind, payload = self.receiver.recv()
+                    kind, payload = self.connection.recv()
                 except EOFError:
-                    self.child.join()
-                    raise NativeFailure(f"{self.what} crashed ({_death(self.child.exitcode)}) while "
+                    self.process.join()
+                    raise NativeFailure(f"{self.what} crashed ({_death(self.process.exitcode)}) while "
                                         f"{self.step}") from None
                 if kind == _PROGRESS:
                     self.step = payload
-                elif kind == _RAISED:
+                    continue
+                self._finish()
+                if kind == _RAISED:
                     raise payload
-                else:
-                    return payload
+                return payload
         finally:
-            self.close()
+            if not self.done:  # a crash, a hang, or the caller interrupted
+                self._stop()
 
     def close(self) -> None:
-        self.receiver.close()
-        if self.child.is_alive():
-            self.child.kill()
-        self.child.join()
+        """Stop the work if its result is still to come. A forked child is killed; the worker
+        is left to finish it and takes the next work once its result has gone by."""
+        if self.done:
+            return
+        if self.worker is None:
+            self._stop()
+            return
+        self.worker.abandoned += 1
+        self._finish()
+
+    def _finish(self) -> None:
+        """The child is done with this work: the worker takes the next; a forked child exits on
+        its own, not waited for (taking its copy of a large caller down cost more than the work:
+        multiprocessing reaps it at the next start or at exit)."""
+        self.done = True
+        if self.worker is not None:
+            self.worker.give_back()
+        else:
+            self.connection.close()
+
+    def _stop(self) -> None:
+        self.done = True
+        if self.worker is not None:
+            self.worker.stop()
+            return
+        self.connection.close()
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class _Worker:
+    """A child forked once that runs portable work, one piece after another, until its caller
+    exits or it has waited ``WORKER_IDLE`` seconds for work. One idle worker is kept per
+    process (``take`` makes another when it is busy: threads converting at once)."""
+
+    _idle: _Worker | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("fork")
+        self.connection, worker_end = context.Pipe()
+        self.process = context.Process(target=_serve, args=(worker_end, self.connection), daemon=True)
+        _fork(self.process)
+        worker_end.close()
+        self.owner, self.since, self.abandoned = os.getpid(), time.monotonic(), 0
+
+    @classmethod
+    def take(cls) -> _Worker:
+        """The idle worker when it can take work now, else a new one."""
+        with cls._lock:
+            worker, cls._idle = cls._idle, None
+        if worker is not None and worker.owner == os.getpid():  # a forked caller's copy is its parent's
+            if worker._ready():
+                return worker
+            worker.stop()
+        return cls()
+
+    def give_back(self) -> None:
+        self.since = time.monotonic()
+        with _Worker._lock:
+            if _Worker._idle is None:
+                _Worker._idle = self
+                return
+        self.stop()
+
+    def stop(self) -> None:
+        self.connection.close()
+        if self.process.is_alive():
+            self.process.kill()
+
+    def _ready(self) -> bool:
+        """Alive, not near its idle exit, and past the results of the work given up on."""
+        if time.monotonic() - self.since > WORKER_IDLE / 2 or not self.process.is_alive():
+            return False
+        try:
+            while self.abandoned and self.connection.poll(0):
+                kind, _ = self.connection.recv()
+                self.abandoned -= kind != _PROGRESS
+        except Exception:  # the worker died, or what it sent does not unpickle here
+            return False
+        return not self.abandoned
+
+
+def _fork(process) -> None:
+    gc.freeze()  # the child's collector leaves the inherited objects (and their pages) alone
+    try:
+        process.start()
+    finally:
+        gc.unfreeze()
+
+
+def _import_child_modules() -> None:
+    for module in CHILD_IMPORTS:
+        with contextlib.suppress(ImportError):  # the child meets it too, where the work says what is missing
+            importlib.import_module(module)
 
 
 def _child(work: Callable[[Progress], T], sender) -> None:
     faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
+    _run(work, sender)
+    sender.close()
+    os._exit(0)  # no atexit handlers or finalizers of the parent's state in the child
+
+
+def _serve(connection, caller_end) -> None:
+    """The worker's loop: work in, progress and result out, until the caller is gone or idle."""
+    caller_end.close()
+    faulthandler.disable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; it stops the worker
+    while connection.poll(WORKER_IDLE):
+        try:
+            work = connection.recv()
+        except EOFError:
+            break
+        _run(work, connection)
+        del work  # the model it holds goes now, not when the next work comes
+        release_free_memory()
+    os._exit(0)
+
+
+def _run(work: Callable[[Progress], T], sender) -> None:
     try:
         result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it
@@ -105,8 +246,6 @@ def _child(work: Callable[[Progress], T], sender) -> None:
         sender.send(result)
     except Exception as exc:  # the exception itself did not pickle
         sender.send((_RAISED, RuntimeError(f"{type(result[1]).__name__}: {result[1]} ({exc})")))
-    sender.close()
-    os._exit(0)  # no atexit handlers or finalizers of the parent's state in the child
 
 
 def _death(exitcode: int | None) -> str:

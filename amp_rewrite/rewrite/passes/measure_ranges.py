@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -26,6 +27,10 @@ RECORD_KEY = "amp_rewrite.kept_fp32"
 _GENERATED = "generated inputs"
 _NAMED = 5
 """Values named in the warning when none could be measured."""
+PORTABLE_NODES = 2000
+PORTABLE_BYTES = 16 << 20
+"""Models up to this many top-level nodes and weight bytes are measured in the process's worker
+(``isolate``; they are pickled to it, in milliseconds) rather than in a child forked for them."""
 
 
 def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
@@ -62,12 +67,13 @@ class MeasureRanges:
     def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
         """Start measuring every float value of ``model`` for ``run``, in a child process
         (None when the options rule the range check out, or where processes cannot fork)."""
-        weights = (t for graph in iter_graphs(model.graph) for t in graph.initializer)
-        if not FORKS or _skip_reason(weights, options, bool(options.calibrate)):
+        if not FORKS or _skip_reason(_initializers(model), options, bool(options.calibrate)):
             return None
         # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
-        return Measurement(Started(lambda progress: _work(model, options, base_dir, None, threads=1)(progress),
-                                   "onnxruntime (range check)"))
+        portable = (len(model.graph.node) <= PORTABLE_NODES and not options.calibrate and not options.inputs
+                    and sum(_nbytes(t) for t in _initializers(model)) <= PORTABLE_BYTES)
+        return Measurement(Started(functools.partial(_measure_every_value, model, options, base_dir),
+                                   "onnxruntime (range check)", portable=portable))
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
@@ -280,6 +286,16 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
                                         progress, threads))
 
     return work
+
+
+def _measure_every_value(model: onnx.ModelProto, options: ConvertOptions, base_dir,
+                         progress: Progress) -> tuple[str, dict]:
+    """``start``'s work (a function of its arguments alone, so that it pickles to the worker)."""
+    return _work(model, options, base_dir, None, threads=1)(progress)
+
+
+def _initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    return (t for graph in iter_graphs(model.graph) for t in graph.initializer)
 
 
 def _computed_top_level(model: onnx.ModelProto) -> dict[str, ValueKey]:
