@@ -376,6 +376,20 @@ def test_a_concat_of_a_value_with_itself_doubles_the_dimension_a_reshape_binds()
         _measured_after_the_reshape(m)
 
 
+def test_gemm_ties_its_contracted_dimension_in_either_layout() -> None:
+    """Rule: Gemm(x[n, 3], w[5, 4], transA=1) contracts x's first axis with w's first: n = 5
+    (n = 8, 1 and 2 all fail, and the range check was NOT RUN: a Gemm after a Loop, found by
+    fuzzing); with transB, w[4, 5] contracts its second axis."""
+    for trans, w_shape in (("transA=1", (5, 4)), ("transA=1, transB=1", (4, 5))):
+        m = model(f"""(float[n,3] x) => (float[3,4] y) {{ [allow1] g = Gemm<{trans}>(x, w)
+                                                         [inf1] y = Relu(g) }}""",
+                  {"w": np.full(w_shape, 3e4, np.float32)})
+        assert _dims(m)[0] == ("n=5 (from Gemm 'allow1')", {"x": (5, 3)})
+        out, report = convert(m, provider=None)
+        assert report.range_check.startswith("measured"), report.range_check
+        assert colors(out)["allow1"] == "fp32"
+
+
 def test_a_name_that_a_reshaped_count_repeats_is_solved_for() -> None:
     """Rule: [batch, batch, 2] reshaped to [2, 9]: batch x batch = 9, batch = 3; padded by 1 on
     axis 0, [batch, batch] reshaped to [2, 6]: (batch + 1) x batch = 12, batch = 3 (1, 2, 4 and 8

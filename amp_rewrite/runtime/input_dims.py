@@ -20,7 +20,7 @@ Then, until nothing new is learnt:
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
-  dimensions that must be equal (Concat's off its axis, MatMul's contracted one).
+  dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones).
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
@@ -431,6 +431,16 @@ def _matmul(rules: _Rules, node: Node) -> None:
     rules.agree(_aligned([a[:-2], b[:-2]]), origin, broadcast=True)
 
 
+def _gemm(rules: _Rules, node: Node) -> None:
+    """A's contracted dimension (its first where transA, else its second) equals B's (its second
+    where transB, else its first)."""
+    a, b = (rules.shape(key) for key in node.inputs[:2])
+    if not a or not b or len(a) != 2 or len(b) != 2:
+        return
+    trans = {attr.name: attr.i for attr in node.proto.attribute if attr.name in ("transA", "transB")}
+    rules.agree([(a[0 if trans.get("transA") else 1], b[1 if trans.get("transB") else 0])], f"Gemm {node.label!r}")
+
+
 def _aligned(shapes: Sequence[Sequence[Dim] | None]) -> list[list[Dim]]:
     """Columns of right-aligned shapes (numpy broadcasting), each with the dims that reach it."""
     rank = max((len(s) for s in shapes if s is not None), default=0)
@@ -464,8 +474,8 @@ def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
 
 
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
-    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Pad": _pad, "Slice": _slice,
-    "Gather": _gather}
+    "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
+    "Slice": _slice, "Gather": _gather}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
