@@ -117,7 +117,7 @@ def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data:
 
     def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
-        exposed = instrument.expose(runnable, watch, thresholds or instrument.Thresholds(0.0, 0.0))
+        exposed = instrument.expose(runnable, watch, thresholds)
         progress(f"creating the {what}'s session on {provider}")
         session = instrument.session(exposed.model, base_dir, provider)
         progress(f"running the {what} on {provider}")

@@ -114,9 +114,12 @@ def _computed_floats(index: ModelIndex) -> list[ValueKey]:
     return [v.key for v in index.all_values() if v.producer is not None and v.elem_type == TensorProto.FLOAT]
 
 
-def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds) -> Exposed:
-    """A copy of ``model`` whose outputs also give each value of ``keys`` (float values)."""
+def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds | None = None) -> Exposed:
+    """A copy of ``model`` whose outputs also give each value of ``keys`` (float values): a
+    top-level one as it is, a nested one as its statistics row (which ``thresholds`` define)."""
     keys = list(keys)
+    if thresholds is None and any(key[0] != 0 for key in keys):
+        raise ValueError("nested values are exposed as statistics rows, which need thresholds")
     exposed = lift_nested(model, keys, thresholds, copy=True)
     present = {o.name for o in exposed.model.graph.output}
     for _, name in (k for k in keys if k[0] == 0):
@@ -127,11 +130,11 @@ def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresho
     return exposed
 
 
-def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey] | None, thresholds: Thresholds,
+def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey] | None, thresholds: Thresholds | None,
                 copy: bool = False) -> Exposed:
     """``model`` (a copy when ``copy`` or when a value is lifted) in which every nested value of
     ``keys`` (None: every nested float32 value that a node computes) is reduced to a statistics
-    row carried to a top-level output (``stats``)."""
+    row carried to a top-level output (``stats``); ``thresholds`` may be None only where there is none."""
     nested = None if keys is None else [k for k in keys if k[0] != 0]
     if nested is None and not any(True for node in model.graph.node for _ in subgraphs(node)):
         nested = []
