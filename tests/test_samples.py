@@ -376,6 +376,17 @@ def test_a_concat_of_a_value_with_itself_doubles_the_dimension_a_reshape_binds()
         _measured_after_the_reshape(m)
 
 
+def test_an_exact_count_is_guessed_before_a_multiple() -> None:
+    """Rule: x[batch, seq] reshaped to [-1, 2, 2] (a multiple of 4) and to [2, 2, 2] (8): the
+    exact count guesses first (batch 1, seq 8); guessing the multiple first gave seq = 4, which
+    the second Reshape refuses, and no other attempt ran either (found by fuzzing)."""
+    m = model("""(float[batch,seq] x) => (float[2,2,2] y) { a = Reshape(x, loose)
+                                                          [r2] y = Reshape(x, exact) }""",
+              {"loose": np.array([-1, 2, 2], np.int64), "exact": np.array([2, 2, 2], np.int64)})
+    assert _dims(m)[0] == ("batch=1 (from Reshape 'r2', guessed), seq=8 (from Reshape 'r2')", {"x": (1, 8)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
 def test_gemm_ties_its_contracted_dimension_in_either_layout() -> None:
     """Rule: Gemm(x[n, 3], w[5, 4], transA=1) contracts x's first axis with w's first: n = 5
     (n = 8, 1 and 2 all fail, and the range check was NOT RUN: a Gemm after a Loop, found by

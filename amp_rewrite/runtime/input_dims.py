@@ -27,7 +27,8 @@ are still unbound after that, the rules run again guessing: a count that several
 goes to the last of them that appears once (the one that needs most, below), the others 1
 (marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it), or
 the least their readers need: a Gather of a constant index on the axis (index 2 needs 3), a
-reflect Pad (a pad of 1 needs 2).
+reflect Pad (a pad of 1 needs 2). A Reshape with -1, whose count need only be a multiple,
+guesses last, once every exact count has had its guess.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
     if names - set(pins):  # then guess: a count shared by several names goes to the last of them
         rules.guess = guess
         _apply(rules, declared)
+    if names - set(pins):  # then what a -1 allows: a multiple, guessed after every exact count
+        rules.multiples = True
+        _apply(rules, declared)
     return pins
 
 
@@ -156,6 +160,9 @@ class _Rules:
         self.guess = 0
         """When not 0, ``same_count`` may split a count among several names, the others getting
         this extent where the count allows it, else 1."""
+        self.multiples = False
+        """Whether ``multiple_of`` guesses: only once the exact counts have had their guesses
+        (a Reshape to [-1, 2, 2] guessing seq = 4 first broke a Reshape of the same x to [2, 2, 2])."""
         self.aliases: dict[str, Dim] = {}
         """What a fresh name that inference gave (``unk__0`` for a Pad's padded axis) stands for."""
         self.derived: dict[ValueKey, tuple] = {}
@@ -233,13 +240,13 @@ class _Rules:
                         self.pin(d, next(iter(fixed)), origin)
 
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
-        """When guessing: ``dims`` must hold a multiple of the fixed ``factors``' product; the
+        """When guessing multiples: ``dims`` must hold a multiple of the fixed ``factors``' product; the
         last name of ``dims`` not yet bound makes up what the fixed extents lack, at the
         smallest extent that does (others at their least, 1 mostly; a name may appear more
         than once: seq x seq a multiple of 4 makes seq 2)."""
         extents = [self.extent(d) for d in dims]
         factors = [self.extent(f) for f in factors]
-        if not self.guess or None in extents or not all(isinstance(f, int) for f in factors):
+        if not self.multiples or None in extents or not all(isinstance(f, int) for f in factors):
             return
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))

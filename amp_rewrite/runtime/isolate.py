@@ -142,9 +142,9 @@ class Started:
         if self.worker is not None:
             self.worker.stop()
             return
-        self.connection.close()
         if self.process.is_alive():
             self.process.kill()
+        self.connection.close()
 
 
 class _Worker:
@@ -183,9 +183,9 @@ class _Worker:
         self.stop()
 
     def stop(self) -> None:
-        self.connection.close()
-        if self.process.is_alive():
+        if self.process.is_alive():  # killed before its end closes: a worker still writing would complain
             self.process.kill()
+        self.connection.close()
 
     def _ready(self) -> bool:
         """Alive, not near its idle exit, and past the results of the work given up on."""
@@ -244,7 +244,9 @@ def _run(work: Callable[[Progress], T], sender) -> None:
         result = (_RAISED, exc)
     try:
         sender.send(result)
-    except Exception as exc:  # the exception itself did not pickle
+    except OSError:  # the caller gave up on the work and closed its end: there is nobody to tell
+        pass
+    except Exception as exc:  # the result did not pickle
         sender.send((_RAISED, RuntimeError(f"{type(result[1]).__name__}: {result[1]} ({exc})")))
 
 
