@@ -72,11 +72,19 @@ class Started:
     ``portable`` (the work pickles, and small), the process's worker. The caller collects the
     result with ``result()`` (``close()`` when it gives up before)."""
 
+    _count = 0
+    """Children started in this process so far: the first (a command line's only one) imports
+    for itself, beside its caller, and runs in a child of its own; only a process that isolates
+    work again pays for the imports up front (``CHILD_IMPORTS``) and for a worker."""
+
     def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT,
                  portable: bool = False) -> None:
-        _import_child_modules()
+        again = Started._count > 0
+        Started._count += 1
+        if again:
+            _import_child_modules()
         self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
-        self.worker = _Worker.take() if portable else None
+        self.worker = _Worker.take() if portable and again else None
         if self.worker is not None:
             self.connection, self.process = self.worker.connection, self.worker.process
             try:
