@@ -9,11 +9,11 @@ Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 
 Two kinds of child. By default the work runs in a child forked for it, which inherits the
 caller's memory: models and samples are not copied, only the result crosses back, pickled.
-Small work that pickles (``portable``) goes instead to the process's worker, a child forked
-once that runs one piece of work after another (``_Worker``): a fork costs in proportion to
-the caller's address space (here 6 ms to fork a 200 MB process, 70 ms at 2 GB, and as long
-again to take the child down), which a process that converts many small models paid in every
-conversion, many times over the work.
+Small work that pickles (``portable``) goes instead, from the process's second isolated work
+on, to its worker, a child forked once that runs one piece after another (``_Worker``): a fork
+costs in proportion to the caller's address space (here 6 ms to fork a 200 MB process, 70 ms
+at 2 GB, and as long again to take the child down), which a process that converts many small
+models paid in every conversion, many times over the work.
 
 Where ``fork`` is not offered (Windows), the work runs in the calling process.
 """
