@@ -48,8 +48,8 @@ FORKS = "fork" in multiprocessing.get_all_start_methods()
 """Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
 CHILD_IMPORTS = ("onnxruntime", "numpy.random")
 """What the work imports (ONNX Runtime; numpy's generators, for generated inputs): imported by the
-caller before its first fork. What a child imports dies with it: a process that converts many
-small models paid these imports (25-60 ms) in every conversion's child."""
+caller before its second child (``Started._count``). What a child imports dies with it: a process
+that converts many small models paid these imports (25-60 ms) in every conversion's child."""
 
 
 class NativeFailure(UserError):
@@ -149,10 +149,8 @@ class Started:
         self.done = True
         if self.worker is not None:
             self.worker.stop()
-            return
-        if self.process.is_alive():
-            self.process.kill()
-        self.connection.close()
+        else:
+            _end(self.process, self.connection)
 
 
 class _Worker:
@@ -191,9 +189,7 @@ class _Worker:
         self.stop()
 
     def stop(self) -> None:
-        if self.process.is_alive():  # killed before its end closes: a worker still writing would complain
-            self.process.kill()
-        self.connection.close()
+        _end(self.process, self.connection)
 
     def _ready(self) -> bool:
         """Alive, not near its idle exit, and past the results of the work given up on."""
@@ -206,6 +202,13 @@ class _Worker:
         except Exception:  # the worker died, or what it sent does not unpickle here
             return False
         return not self.abandoned
+
+
+def _end(process, connection) -> None:
+    """Kill a child and close its pipe, in that order: a child still writing would complain."""
+    if process.is_alive():
+        process.kill()
+    connection.close()
 
 
 def _fork(process) -> None:
