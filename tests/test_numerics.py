@@ -8,6 +8,7 @@ of 1e8, and a cancellation that float16 cannot resolve.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 import xml.etree.ElementTree as ET
@@ -214,6 +215,7 @@ def test_validate_moves_the_blamed_nodes_to_fp32_in_a_few_runs() -> None:
     assert set(validation.kept_fp32) == {"shift", "unshift"}
     assert check(m, mixed, inputs=[data])
     assert report.low_nodes == 1  # the MatMul
+    assert json.loads(report.to_json()) == json.loads(json.dumps(dataclasses.asdict(report)))  # rows and validation
 
 
 # --- inputs and the command line -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Protocol
 
 from amp_rewrite.rewrite.analysis import Analysis
@@ -56,7 +56,17 @@ class Report:
     validation: Summarized | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False)
+        """The report as JSON, a node's decision to a line. Written by json's C encoder, field
+        by field: an indented dump of the whole runs in Python (1.2 s at 50k nodes)."""
+        parts = []
+        for name in (f.name for f in fields(self)):
+            value = getattr(self, name)
+            if name in _NODE_ROWS:
+                text = "[" + ",".join(f"\n    {json.dumps(_row(row))}" for row in value) + ("\n  ]" if value else "]")
+            else:
+                text = json.dumps(asdict(value) if is_dataclass(value) else value, indent=2).replace("\n", "\n  ")
+            parts.append(f"  {json.dumps(name)}: {text}")
+        return "{\n" + ",\n".join(parts) + "\n}"
 
     def summary(self) -> str:
         lines = [
@@ -84,6 +94,13 @@ class Report:
         breakdown = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.stages.items())
         lines.append(f"  time: {self.seconds:.2f} s" + (f" ({breakdown})" if breakdown else ""))
         return "\n".join(lines)
+
+
+_NODE_ROWS = ("fp32_reasons", "decisions")
+
+
+def _row(decision: NodeDecision) -> dict[str, str]:
+    return {name: getattr(decision, name) for name in NodeDecision.__slots__}
 
 
 def _reason_kind(reason: str) -> str:
