@@ -17,7 +17,7 @@ from amp_rewrite.rewrite.coloring import Color, Coloring
 from amp_rewrite.rewrite.options import ConvertOptions
 
 if TYPE_CHECKING:
-    from amp_rewrite.rewrite.passes.measure_ranges import Measurement
+    from amp_rewrite.rewrite.passes.measure_ranges import Measurement, Pending
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"
@@ -58,8 +58,8 @@ class Analysis:
     speculate: bool = False
     """Whether MeasureRanges may leave its values ``pending`` when the measurement is not in,
     for the caller to ``settle`` after converting on."""
-    pending: tuple | None = None
-    """What ``MeasureRanges.settle`` judges: the watched values and how they are measured."""
+    pending: Pending | None = None
+    """What ``MeasureRanges.settle`` judges once the measurement is in."""
     inferred: InferredTypes | None = None
     """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
     costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""

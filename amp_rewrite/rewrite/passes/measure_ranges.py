@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto, helper
@@ -92,7 +93,7 @@ class MeasureRanges:
         if measured is None:
             sources = {v.key: _same_elements_source(analysis, v) for v in watched}
             if analysis.speculate and analysis.measuring is not None:
-                analysis.pending = (watched, sources, calibrated, source)
+                analysis.pending = Pending(watched, sources, calibrated, source)
                 analysis.range_check = "pending"
                 return
             try:
@@ -118,19 +119,18 @@ class MeasureRanges:
         """Whether the measurement that the ``pending`` values wait for changes nothing: then
         the report says what it measured. False where it would keep a node float32, or did
         not run (the watched values are then measured on their own): convert again."""
-        watched, sources, calibrated, source = analysis.pending
-        analysis.pending = None
+        pending, analysis.pending = analysis.pending, None
         try:
             found = analysis.measuring.result()
         except Hung:
             return False
         if found is None:
             return False
-        measured = _by_watched(found[1], sources)
-        if any(True for _ in _verdicts(analysis, watched, measured, calibrated, source)):
+        measured = _by_watched(found[1], pending.sources)
+        if any(True for _ in _verdicts(analysis, pending.watched, measured, pending.calibrated, pending.source)):
             return False
         _describe(analysis, found[0])
-        analysis.range_check = _measured_line(analysis, watched, measured, source, 0)
+        analysis.range_check = _measured_line(analysis, pending.watched, measured, pending.source, 0)
         return True
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
@@ -212,6 +212,18 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
     if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
         nodes.append(producer[0])
     return nodes
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The values MeasureRanges left for ``settle``, and how they are measured."""
+
+    watched: list[Value]
+    sources: dict[ValueKey, ValueKey]
+    """Each watched value's ``_same_elements_source``: the value whose statistics stand for it."""
+    calibrated: bool
+    source: str
+    """What the values are measured on (the report's words)."""
 
 
 class Measurement:
