@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -270,18 +272,31 @@ def _matmul_and_other(tmp_path, big: bool, custom: bool):
 
 @pytest.mark.parametrize("big, custom", [(False, False), (True, False), (True, True)],
                          ids=["fits", "overflows", "not-every-value-runs"])
-def test_a_saved_conversion_goes_on_while_the_range_check_measures_with_the_same_outcome(tmp_path, big, custom):
+def test_a_saved_conversion_goes_on_while_the_range_check_measures_with_the_same_outcome(tmp_path, big, custom,
+                                                                                       monkeypatch):
     """Written while the measurement runs, the output stands where the measurement changes
     nothing; where it keeps a node float32 (or must measure the watched values alone), the
-    model is converted again with it: the outcome is the in-memory conversion's."""
+    model is converted again with it: the outcome is the in-memory conversion's, and the
+    report's stages count the wait for the measurement and both conversions."""
     m, path = _matmul_and_other(tmp_path, big, custom)
     in_memory, expected = convert(m, provider=None)
+    settle = MeasureRanges.settle
+
+    def slow_settle(analysis):
+        time.sleep(WAIT)
+        return settle(analysis)
+
+    monkeypatch.setattr(MeasureRanges, "settle", staticmethod(slow_settle))
     _, report = convert(path, tmp_path / "out.onnx", provider=None)
     saved = onnx.load(tmp_path / "out.onnx")
     assert report.range_check == expected.range_check and report.range_check.startswith("measured")
     assert report.decisions == expected.decisions and report.notes == expected.notes
     assert colors(saved) == colors(in_memory) == {"allow1": "fp32" if big else "low", "custom": "fp32"}
-    assert report.stages["range check"] >= 0 and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx"]
+    assert report.stages["range check"] >= WAIT and sum(report.stages.values()) <= report.seconds
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "out.onnx"]
+
+
+WAIT = 0.2
 
 
 def test_a_range_check_that_cannot_run_leaves_no_output_when_it_must_run(tmp_path):
