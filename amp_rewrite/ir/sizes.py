@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -158,6 +159,11 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                 elif kind == _GRAPHS:
                     for sub in attr.graphs:
                         yield from iter_graphs(sub)
+
+
+def has_subgraphs(graph: onnx.GraphProto) -> bool:
+    """Whether a node of ``graph`` holds a graph."""
+    return next(itertools.islice(iter_graphs(graph), 1, None), None) is not None
 
 
 _GRAPH, _GRAPHS = AttributeProto.GRAPH, AttributeProto.GRAPHS
