@@ -1,5 +1,3 @@
-import sys
+from amp_rewrite.cli import entry
 
-from amp_rewrite.cli import main
-
-sys.exit(main())
+entry()

@@ -15,9 +15,14 @@ import pytest
 from models import builders
 
 
-def amp(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def amp(*args: str, cwd: Path | None = None, buffered: bool = False) -> subprocess.CompletedProcess:
+    """The command in a process of its own (``buffered``: its output block-buffered, whatever
+    PYTHONUNBUFFERED says here)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    if buffered:
+        env.pop("PYTHONUNBUFFERED", None)
     return subprocess.run([sys.executable, "-m", "amp_rewrite", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                          env=env)
 
 
 @pytest.fixture()
@@ -120,6 +125,15 @@ def test_inspect_prints_every_decision_and_explains_one(sample: Path) -> None:
     assert missing.returncode == 2 and "no node named 'no_such_node'" in missing.stderr
     as_json = json.loads(amp("inspect", str(sample), "--json", "--provider", "none").stdout)
     assert {row["precision"] for row in as_json} == {"low", "fp32"}
+
+
+def test_what_the_command_printed_arrives_though_it_skips_the_teardown(sample: Path) -> None:
+    """``cli.entry`` ends the process without the interpreter's teardown: block-buffered output
+    still arrives whole, with the exit code."""
+    decisions = amp("inspect", str(sample), "--json", "--provider", "none", buffered=True)
+    assert decisions.returncode == 0 and json.loads(decisions.stdout)
+    missing = amp("inspect", str(sample), "--explain", "no_such_node", buffered=True)
+    assert missing.returncode == 2 and "no node named 'no_such_node'" in missing.stderr
 
 
 def test_keep_fp32_flags_reach_the_coloring(sample: Path, tmp_path: Path) -> None:

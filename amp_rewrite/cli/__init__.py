@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from amp_rewrite import __version__
 from amp_rewrite.cli import bench, check, convert, grad, inspect, train, train_graph
@@ -43,5 +44,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
+def entry() -> NoReturn:
+    """The ``amp-rewrite`` process: ``main()``, then its exit code once what it printed is out,
+    without the interpreter's teardown, which frees a conversion's objects one by one (0.05-0.1 s
+    at 20k-50k nodes). Files are written and renamed, and children settled, before ``main`` returns."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more reaches the reader
+            code = code or EXIT_INTERNAL
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
