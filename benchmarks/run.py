@@ -5,7 +5,8 @@ wall clock. Peak memory is measured two ways: the largest resident set of any on
 of the conversion (GNU time, /usr/bin/time), and the peak over time of the proportional set
 sizes summed over the process tree (PSS, sampled from /proc/PID/smaps_rollup every
 ``SAMPLE_SECONDS``): a page that forked processes share is counted once in the sum, where each
-of their resident sets counts it whole. For every output: Cast nodes inserted and the share of
+of their resident sets counts it whole. Each conversion runs twice: once sampled for the PSS,
+then timed with nothing watching it (``measure``). For every output: Cast nodes inserted and the share of
 matrix FLOPs (MatMul, Gemm, Conv) left in low precision. Results go to benchmarks/RESULTS.md.
 
     python benchmarks/run.py [--sizes 1000,5000,20000,50000] [--big-gb 2.2] [--skip-big]
@@ -68,21 +69,39 @@ class Run:
 
 
 def measure(command: list[str], timeout: float) -> Run:
-    """Wall time, peak RSS and peak summed PSS of one conversion. GNU time starts it from a
-    small process: a child forked straight from this one would inherit this process's RSS as
-    its peak."""
+    """Wall time, peak RSS and peak summed PSS of a conversion, from two runs: the PSS sampler's
+    reads of /proc take CPU from what it watches (on two cores, at 48.6k nodes, 0.7 s of 3.6 from
+    amp-rewrite, whose range check runs a child beside it, and 0.3-0.4 s of 3.3-3.6 from ONNX
+    Runtime's script), so the time and the peak RSS are those of a second run that nothing
+    watches (its output and report are the ones analysed), the peak PSS that of the first."""
+    sampled = _run(command, timeout, sample=True)
+    if not sampled.ok:
+        return sampled
+    timed = _run(command, timeout, sample=False)
+    timed.pss_bytes = sampled.pss_bytes
+    return timed
+
+
+def _run(command: list[str], timeout: float, sample: bool) -> Run:
+    """One run of ``command``: wall time, peak RSS, and (``sample``) the peak summed PSS. GNU time
+    starts it from a small process: a child forked straight from this one would inherit this
+    process's RSS as its peak."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as report, tempfile.TemporaryFile() as errors:
         started = time.perf_counter()
         timer = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
                                  stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
         pss = 0
-        while timer.poll() is None:
-            if time.perf_counter() - started > timeout:
-                os.killpg(timer.pid, signal.SIGKILL)  # the converter and its children too
-                timer.wait()
-                return Run(timeout, 0, False, error=f"timed out after {timeout:.0f} s")
-            pss = max(pss, sum(_pss(pid) for pid in _descendants(timer.pid)))
-            time.sleep(SAMPLE_SECONDS)
+        try:
+            while sample and timer.poll() is None:
+                if time.perf_counter() - started > timeout:
+                    raise subprocess.TimeoutExpired(command, timeout)
+                pss = max(pss, sum(_pss(pid) for pid in _descendants(timer.pid)))
+                time.sleep(SAMPLE_SECONDS)
+            timer.wait(max(timeout - (time.perf_counter() - started), 0))
+        except subprocess.TimeoutExpired:
+            os.killpg(timer.pid, signal.SIGKILL)  # the converter and its children too
+            timer.wait()
+            return Run(timeout, 0, False, error=f"timed out after {timeout:.0f} s")
         seconds = time.perf_counter() - started
         peak_kib = int(report.read().strip().splitlines()[-1])
         errors.seek(0)
@@ -217,7 +236,9 @@ def write_results(rows) -> None:
         f"{results.machine()}, onnx {onnx.__version__}. Produced by `make bench` (benchmarks/run.py); every "
         "figure is one run.",
         "",
-        "Time is the whole process (start-up, load, convert, save). Memory, two ways: *peak RSS* is GNU "
+        "Time is the whole process (start-up, load, convert, save), in a run that nothing watches but GNU "
+        "time; the PSS sampler below takes CPU from what it watches, so the peak PSS comes from a run of "
+        "its own, just before. Memory, two ways: *peak RSS* is GNU "
         "time's maximum resident set, the largest of any one process of the conversion (amp-rewrite's range "
         "check runs ONNX Runtime in forked child processes, and a child's resident set counts the pages it "
         "still shares with its parent, so this overstates what the machine holds); *peak PSS* is the peak "
