@@ -452,3 +452,17 @@ def test_a_reshape_counts_through_a_node_that_keeps_the_shape() -> None:
                "w": np.full((1, 4), 3e4, np.float32)})
     assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3,)})
     _measured_after_the_reshape(m)
+
+
+def test_a_reshape_counts_through_a_matmul_by_its_contracted_extent() -> None:
+    """Rule: x[batch, seq] reshaped to [-1, 2, 2], multiplied by w[2, 1] (a MatMul halves the
+    count: its input holds 2 elements for each 1 of its output) and reshaped to [2, 2]: batch x
+    seq = 8, guessed as batch 1, seq 8 (found by fuzzing: the guess from the -1 alone, seq = 4,
+    fails the second Reshape, and the range check was NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[2,2] y) { f = Reshape(x, loose)
+                                                         [allow1] a = MatMul(f, w)
+                                                         [r2] y = Reshape(a, exact) }""",
+              {"loose": np.array([-1, 2, 2], np.int64), "w": np.full((2, 1), 3e4, np.float32),
+               "exact": np.array([2, 2], np.int64)})
+    assert _dims(m)[0] == ("batch=1 (from Reshape 'r2', guessed), seq=8 (from Reshape 'r2')", {"x": (1, 8)})
+    _measured_after_the_reshape(m)

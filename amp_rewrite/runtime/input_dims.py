@@ -14,7 +14,8 @@ Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
-  shape), which gives the one input
+  shape and through MatMuls, whose fixed extents K and N scale the count by K / N), which
+  gives the one input
   dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
   the count is a multiple of the fixed extents;
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
@@ -330,26 +331,44 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
     result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
-    for counted in _reshaped_from(rules, node.inputs[0]):
-        if (target < 0).any():  # a -1 takes what is left: the count need only be a multiple of the rest
+    for counted, times, per in _reshaped_from(rules, node.inputs[0]):
+        if not (target < 0).any():  # counted x per = result x times
+            rules.same_count((*counted, per), (*result, times), f"Reshape {node.label!r}")
+        elif times == per:  # a -1 takes what is left: the count need only be a multiple of the rest
             rules.multiple_of(counted, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
-        else:
-            rules.same_count(counted, result, f"Reshape {node.label!r}")
 
 
-def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[Dim, ...]]:
+def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
     """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first,
-    through nodes whose first input has their output's shape (a Relu between two Reshapes):
-    all hold as many elements (where a Reshape to [-1] left a fresh name, the one before it
-    has names)."""
+    through nodes whose first input has their output's shape (a Relu between two Reshapes)
+    and through MatMuls, each with (times, per): it holds ``key``'s count times ``times``, per
+    ``per`` (where a Reshape to [-1] left a fresh name, the one before it has names)."""
+    times = per = 1
     while key is not None:
         shape = rules.shape(key)
         if shape is not None:
-            yield shape
+            yield shape, times, per
         producer = rules.index.producer_node(rules.index.values[key])
         source = producer.inputs[0] if producer is not None and producer.inputs else None
         reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
-        key = source if reshape or (shape is not None and rules.shape(source) == shape) else None
+        if reshape or (shape is not None and rules.shape(source) == shape):
+            key = source
+        elif (contracted := _contracted(rules, producer, shape)) is not None:
+            times, per, key = times * contracted[0], per * contracted[1], source
+        else:
+            key = None
+
+
+def _contracted(rules: _Rules, node: Node | None, shape: tuple[Dim, ...] | None) -> tuple[int, int] | None:
+    """For a MatMul whose first input [..., K] has its output's [..., N] rank and leading
+    dimensions, K and N fixed: (K, N), the elements the input holds for each N of the output's."""
+    if node is None or node.op_type != "MatMul" or node.domain != "" or shape is None:
+        return None
+    first = rules.shape(node.inputs[0])
+    if first is None or len(first) != len(shape) or len(shape) < 2 or first[:-1] != shape[:-1]:
+        return None
+    k, n = first[-1], shape[-1]
+    return (k, n) if isinstance(k, int) and isinstance(n, int) and k > 0 and n > 0 else None
 
 
 def _broadcast(rules: _Rules, node: Node) -> None:
