@@ -466,3 +466,25 @@ def test_a_reshape_counts_through_a_matmul_by_its_contracted_extent() -> None:
                "exact": np.array([2, 2], np.int64)})
     assert _dims(m)[0] == ("batch=1 (from Reshape 'r2', guessed), seq=8 (from Reshape 'r2')", {"x": (1, 8)})
     _measured_after_the_reshape(m)
+
+
+def test_a_reshape_counts_back_through_a_loop_to_the_value_it_carries() -> None:
+    """Rule: x[batch, seq] flattened by a Reshape to [-1] (a fresh name), carried through a
+    Loop at its initial shape, then reshaped to [2]: batch x seq = 2 (found by fuzzing: the walk
+    back from the Reshape stopped at the Loop, and the range check was NOT RUN)."""
+    m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch,seq] x) => (float[2] y) {
+       flat = Constant <value: tensor = int64[1] flat {-1}> ()
+       f = Reshape (x, flat)
+       trips = Constant <value: tensor = int64 trips {1}> ()
+       go = Constant <value: tensor = bool go {1}> ()
+       looped = Loop (trips, go, f) <body: graph = body (int64 i, bool c, float[?] carried)
+                                                      => (bool c_out, float[?] r) {
+          r = Relu (carried)
+          c_out = Identity (c)
+       }>
+       shape = Constant <value: tensor = int64[1] shape {2}> ()
+       y = Reshape (looped, shape)
+    }''')
+    assert _dims(m)[0][1] == {"x": (1, 2)}
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

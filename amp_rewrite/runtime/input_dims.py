@@ -14,7 +14,8 @@ Then, until nothing new is learnt:
 
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
-  shape and through MatMuls, whose fixed extents K and N scale the count by K / N), which
+  shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
+  and N scale the count by K / N), which
   gives the one input
   dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
   the count is a multiple of the fixed extents;
@@ -182,14 +183,19 @@ class _Rules:
         between iterations), the shape of its initial value."""
         if key is None:
             return None
-        value = self.index.values[key]
-        dims = self.derived.get(key, value.shape)
-        producer = self.index.producer_node(value)
-        if dims is None and producer is not None and producer.op_type == "Loop" and producer.domain == "":
-            carried = value.producer[1] + 2
-            if carried < len(producer.inputs):
-                return self.shape(producer.inputs[carried])
+        dims = self.derived.get(key, self.index.values[key].shape)
+        if dims is None and (initial := self.initial(key)) is not None:
+            return self.shape(initial)
         return None if dims is None else tuple(self.aliases.get(d, Sym(d)) if isinstance(d, str) else d for d in dims)
+
+    def initial(self, key: ValueKey) -> ValueKey | None:
+        """For a Loop's carried output, its initial value (the Loop's input that it carries)."""
+        value = self.index.values[key]
+        producer = self.index.producer_node(value)
+        if producer is None or producer.op_type != "Loop" or producer.domain != "":
+            return None
+        carried = value.producer[1] + 2
+        return producer.inputs[carried] if carried < len(producer.inputs) else None
 
     def derive(self, key: ValueKey | None, dims: Sequence[Dim]) -> None:
         """A rule computed ``key``'s ``dims``: a fresh name that inference gave in their place
@@ -340,16 +346,17 @@ def _reshape(rules: _Rules, node: Node) -> None:
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
     """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first,
-    through nodes whose first input has their output's shape (a Relu between two Reshapes)
-    and through MatMuls, each with (times, per): it holds ``key``'s count times ``times``, per
-    ``per`` (where a Reshape to [-1] left a fresh name, the one before it has names)."""
+    through nodes whose first input has their output's shape (a Relu between two Reshapes),
+    Loops whose carried value has its initial value's shape, and MatMuls, each with (times,
+    per): it holds ``key``'s count times ``times``, per ``per`` (where a Reshape to [-1] left a
+    fresh name, the one before it has names)."""
     times = per = 1
     while key is not None:
         shape = rules.shape(key)
         if shape is not None:
             yield shape, times, per
         producer = rules.index.producer_node(rules.index.values[key])
-        source = producer.inputs[0] if producer is not None and producer.inputs else None
+        source = rules.initial(key) or (producer.inputs[0] if producer is not None and producer.inputs else None)
         reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
         if reshape or (shape is not None and rules.shape(source) == shape):
             key = source
