@@ -488,3 +488,24 @@ def test_a_reshape_counts_back_through_a_loop_to_the_value_it_carries() -> None:
     }''')
     assert _dims(m)[0][1] == {"x": (1, 2)}
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_what_follows_a_loop_takes_the_shape_its_carried_value_started_with() -> None:
+    """Rule: x[1, batch] carried through a Loop (inference gives the output no shape), then a
+    Relu, then a Reshape to [3]: batch = 3 (found by fuzzing: the Relu had no shape either,
+    which ended the Reshape's walk back, and the range check was NOT RUN)."""
+    m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,batch] x) => (float[3] y) {
+       trips = Constant <value: tensor = int64 trips {1}> ()
+       go = Constant <value: tensor = bool go {1}> ()
+       looped = Loop (trips, go, x) <body: graph = body (int64 i, bool c, float[1,batch] carried)
+                                                      => (bool c_out, float[1,batch] r) {
+          r = Relu (carried)
+          c_out = Identity (c)
+       }>
+       after = Relu (looped)
+       shape = Constant <value: tensor = int64[1] shape {3}> ()
+       y = Reshape (after, shape)
+    }''')
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'Reshape#5')", {"x": (1, 3)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -5,7 +5,8 @@ model that reshapes ``batch x 16`` to a fixed [1, 4, 64]: the graph says ``batch
 ``implied_dims`` reads such bindings off the graph. ONNX shape inference, run on a copy
 without the model's own value_info (an unnamed input dimension named ``input[axis]`` there),
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
-graph (If and Loop bodies included). A dimension is a fixed extent or a name times a scale
+graph (If and Loop bodies included); a Loop-carried output it leaves without a shape takes
+its initial value's, and inference runs again from there. A dimension is a fixed extent or a name times a scale
 plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its axes input too,
 which inference does not follow), Slice with constant starts and ends (``[1:]`` is
 ``batch - 1``), and Concat of a named extent with fixed ones or with itself give such sums,
@@ -123,6 +124,8 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
         return pins
     try:
         inferred = onnx.shape_inference.infer_shapes(_undeclared(model, shapes), data_prop=True)
+        if _carry_initial_shapes(inferred):  # and what follows from them past the Loops
+            inferred = onnx.shape_inference.infer_shapes(inferred, data_prop=True)
     except Exception:  # shape inference is a best effort: a custom op or a bad model stops it
         return pins
     rules = _Rules(ModelIndex(inferred), names, pins)
@@ -524,6 +527,25 @@ def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]
             if isinstance(named, str):
                 dim.dim_param = named
     return light
+
+
+def _carry_initial_shapes(model: onnx.ModelProto) -> bool:
+    """Give each Loop-carried output that inference left without a shape (the body may change
+    it between iterations) its initial value's type, in ``model`` as inference returned it; whether
+    any got one. (A Relu after the Loop had no shape either, which ended a Reshape's walk back.)"""
+    carried = False
+    for graph in iter_graphs(model.graph):
+        infos = {info.name: info for info in (*graph.input, *graph.value_info, *graph.output)}
+        for node in graph.node:
+            if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
+                continue
+            for initial, output in zip(node.input[2:], node.output):
+                start, info = infos.get(initial), infos.get(output)
+                if (output and start is not None and start.type.tensor_type.HasField("shape")
+                        and (info is None or not info.type.tensor_type.HasField("shape"))):
+                    (info if info is not None else graph.value_info.add(name=output)).type.CopyFrom(start.type)
+                    carried = True
+    return carried
 
 
 def _declared(model: onnx.ModelProto, index: ModelIndex) -> list[tuple[ValueKey, tuple]]:
