@@ -509,3 +509,24 @@ def test_what_follows_a_loop_takes_the_shape_its_carried_value_started_with() ->
     }''')
     assert _dims(m)[0] == ("batch=3 (from Reshape 'Reshape#5')", {"x": (1, 3)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_loop_to_a_constant_trip_count_stacks_that_many_of_each_scan_output() -> None:
+    """Rule: x[batch, batch] stacked by a Loop of 1 trip (its body passes the condition on)
+    into [1, batch, batch], reshaped to [3, 3]: batch = 3 (found by fuzzing: inference leaves
+    the stacked dimension a fresh name, and the range check was NOT RUN)."""
+    m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[batch,batch] x) => (float[3,3] y) {
+       trips = Constant <value: tensor = int64 trips {1}> ()
+       go = Constant <value: tensor = bool go {1}> ()
+       last, stacked = Loop (trips, go, x) <body: graph = body (int64 i, bool c, float[batch,batch] carried)
+                                                   => (bool c_out, float[batch,batch] r, float[batch,batch] s) {
+          r = Relu (carried)
+          c_out = Identity (c)
+          s = Identity (r)
+       }>
+       shape = Constant <value: tensor = int64[2] shape {3, 3}> ()
+       y = Reshape (stacked, shape)
+    }''')
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'Reshape#4')", {"x": (3, 3)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

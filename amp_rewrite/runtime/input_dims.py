@@ -13,6 +13,7 @@ which inference does not follow), Slice with constant starts and ends (``[1:]`` 
 and a fresh name that inference gave in their place stands for them wherever it reaches.
 Then, until nothing new is learnt:
 
+- a Loop that runs to its constant trip count M stacks M of each scan output;
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
   shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
@@ -509,9 +510,26 @@ def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
     return list(found.ints) if found is not None else default
 
 
+def _loop(rules: _Rules, node: Node) -> None:
+    """A Loop that runs to its constant trip count M (its body passes the condition on as it
+    came) stacks M of each scan output: their first dimension is M."""
+    trips = rules.constant(node.inputs[0] if node.inputs else None)
+    body = next((a.g for a in node.proto.attribute if a.name == "body"), None)
+    if trips is None or trips.size != 1 or body is None or len(body.input) < 2 or not body.output:
+        return
+    kept, condition = body.input[1].name, body.output[0].name
+    if condition != kept and not any(n.op_type == "Identity" and list(n.input) == [kept] and condition in n.output
+                                     for n in body.node):
+        return
+    for key in node.outputs[len(node.inputs) - 2:]:
+        inferred = rules.index.values[key].shape if key is not None else None
+        if inferred:
+            rules.derive(key, [int(trips[0]), *[None] * (len(inferred) - 1)])
+
+
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
-    "Slice": _slice, "Gather": _gather}
+    "Slice": _slice, "Gather": _gather, "Loop": _loop}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
