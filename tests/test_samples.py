@@ -530,3 +530,16 @@ def test_a_loop_to_a_constant_trip_count_stacks_that_many_of_each_scan_output() 
     }''')
     assert _dims(m)[0] == ("batch=3 (from Reshape 'Reshape#4')", {"x": (3, 3)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_broadcasting_a_name_against_a_sliced_one_keeps_the_name() -> None:
+    """Rule: x[batch, batch] plus its first row x[0:1] is [batch, batch] again (inference left a
+    fresh name for the broadcast axis), reshaped to [2, 2]: batch = 2 (found by fuzzing: the
+    range check was NOT RUN)."""
+    m = model("""(float[batch,batch] x) => (float[2,2] y) { row = Slice(x, starts, ends, axes)
+                                                           sum = Add(x, row)
+                                                           [r1] y = Reshape(sum, shape) }""",
+              {"starts": np.array([0], np.int64), "ends": np.array([1], np.int64), "axes": np.array([0], np.int64),
+               "shape": np.array([2, 2], np.int64)})
+    assert _dims(m)[0] == ("batch=2 (from Reshape 'r1')", {"x": (2, 2)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -24,7 +24,9 @@ Then, until nothing new is learnt:
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
-  dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones).
+  dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones);
+  an elementwise op or Expand gives its output, where inference left a fresh name, the
+  dimension of each column that is not 1 (``batch`` beside a sliced 1).
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
@@ -387,7 +389,18 @@ def _broadcast(rules: _Rules, node: Node) -> None:
     if node.op_type == "Expand":
         shapes[1:] = [_as_dims(rules.constant(node.inputs[1]))]
     if all(s is not None for s in shapes):
-        rules.agree(_aligned(shapes), f"{node.op_type} {node.label!r}", broadcast=True)
+        columns = _aligned(shapes)
+        rules.agree(columns, f"{node.op_type} {node.label!r}", broadcast=True)
+        rules.derive(node.outputs[0] if node.outputs else None, [_broadcast_dim(column) for column in columns])
+
+
+def _broadcast_dim(column: Sequence[Dim]) -> Dim:
+    """The dimension that broadcasting ``column`` gives: the one that is not 1 where they agree
+    (``batch`` and 1 give ``batch``), else None."""
+    wider = set(column) - {1}
+    if not wider:
+        return 1
+    return next(iter(wider)) if len(wider) == 1 and None not in wider else None
 
 
 def _concat(rules: _Rules, node: Node) -> None:
