@@ -6,21 +6,21 @@ model that reshapes ``batch x 16`` to a fixed [1, 4, 64]: the graph says ``batch
 without the model's own value_info (an unnamed input dimension named ``input[axis]`` there),
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
 graph (If and Loop bodies included); a Loop-carried output it leaves without a shape takes
-its initial value's, and inference runs again from there. A dimension is a fixed extent or a name times a scale
-plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its axes input too,
-which inference does not follow), Slice with constant starts and ends (``[1:]`` is
-``batch - 1``), and Concat of a named extent with fixed ones or with itself give such sums,
-and a fresh name that inference gave in their place stands for them wherever it reaches.
+its initial value's, and inference runs again from there. A dimension is a fixed extent or a
+name times a scale plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its
+axes input too, which inference does not follow), Slice with constant starts and ends
+(``[1:]`` is ``batch - 1``), and Concat of a named extent with fixed ones or with itself give
+such sums, and a fresh name that inference gave in their place stands for them wherever it
+reaches.
 Then, until nothing new is learnt:
 
 - a Loop that runs to its constant trip count M stacks M of each scan output;
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
   shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
-  and N scale the count by K / N), which
-  gives the one input
-  dimension left unknown, offset or repeated too (``(batch + 1) x batch = 12``); with -1,
-  the count is a multiple of the fixed extents;
+  and N scale the count by K / N), which gives the one input dimension left unknown, offset
+  or repeated too (``(batch + 1) x batch = 12``); with -1, the count is a multiple of the
+  fixed extents;
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
