@@ -543,3 +543,17 @@ def test_broadcasting_a_name_against_a_sliced_one_keeps_the_name() -> None:
                "shape": np.array([2, 2], np.int64)})
     assert _dims(m)[0] == ("batch=2 (from Reshape 'r1')", {"x": (2, 2)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_name_whose_slice_drops_one_is_guessed_at_two_at_least() -> None:
+    """Rule: x[batch, seq, batch] sliced [1:] on its first axis is [batch - 1, seq, batch];
+    reshaped to [-1] and then to [2, 3]: (batch - 1) x seq x batch = 6. The guess gives batch
+    its least, 2 (at 1 its slice is empty), and seq the rest, 3 (found by fuzzing: batch = 1
+    left nothing to solve, and the range check was NOT RUN)."""
+    m = model("""(float[batch,seq,batch] x) => (float[2,3] y) { s = Slice(x, starts, ends, axes)
+                                                               f = Reshape(s, flat)
+                                                               [r1] y = Reshape(f, shape) }""",
+              {"starts": np.array([1], np.int64), "ends": np.array([2**63 - 1], np.int64),
+               "axes": np.array([0], np.int64), "flat": np.array([-1], np.int64), "shape": np.array([2, 3], np.int64)})
+    assert _dims(m)[0] == ("batch=2 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1')", {"x": (2, 3, 2)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -310,16 +310,18 @@ class _Rules:
             factors.setdefault(dim.name, []).append(dim)
         if len(factors) > 1 and not self.guess:
             return
+        # a name's least: what its readers need, and 1 in each of its dimensions (batch - 1 needs 2)
+        least = {name: max(self.least.get(name, 1), *(d.reaching(1) for d in dims)) for name, dims in factors.items()}
         # solve for a name appearing once, the one that needs the most if any: it takes what is left
-        *others, last = sorted(factors, key=lambda name: (len(factors[name]) == 1, self.least.get(name, 1)))
+        *others, last = sorted(factors, key=lambda name: (len(factors[name]) == 1, least[name]))
         # the others at the guess (and their least) where the count allows, else at their least, else 1
-        tries = ({name: max(self.guess, self.least.get(name, 1)) for name in others},
-                 {name: self.least.get(name, 1) for name in others}, dict.fromkeys(others, 1))
+        tries = ({name: max(self.guess, least[name]) for name in others},
+                 {name: least[name] for name in others}, dict.fromkeys(others, 1))
         for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
             rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
             count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
             extent = None if left_over else _solved(factors[last], count)
-            if extent is not None and extent >= self.least.get(last, 1):
+            if extent is not None and extent >= least[last]:
                 self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
                 return
 
