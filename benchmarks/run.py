@@ -6,8 +6,9 @@ of the conversion (GNU time, /usr/bin/time), and the peak over time of the propo
 sizes summed over the process tree (PSS, sampled from /proc/PID/smaps_rollup every
 ``SAMPLE_SECONDS``): a page that forked processes share is counted once in the sum, where each
 of their resident sets counts it whole. Each conversion runs twice: once sampled for the PSS,
-then timed with nothing watching it (``measure``). For every output: Cast nodes inserted and the share of
-matrix FLOPs (MatMul, Gemm, Conv) left in low precision. Results go to benchmarks/RESULTS.md.
+then timed with nothing watching it (``measure``). For every output: Cast nodes inserted and
+the share of matrix FLOPs (MatMul, Gemm, Conv) left in low precision. Results go to
+benchmarks/RESULTS.md.
 
     python benchmarks/run.py [--sizes 1000,5000,20000,50000] [--big-gb 2.2] [--skip-big]
 """
