@@ -150,6 +150,29 @@ def test_constant_of_shape_fill_that_overflows_stays_fp32():
     assert colors(out)["clr1"] == "fp32"
 
 
+def test_a_divisor_constant_with_a_value_that_flushes_keeps_its_division_fp32():
+    """Rule: one divisor of 9e-9 among normal ones carries no share of the constant's
+    magnitude, but float16 flushes it to 0, and 0 / 0 is NaN where float32 gives 0 (a fuzz
+    find). The Div reads the constant in float32, and what follows it stays float32 until
+    the next allow op, as after any reader of an unfit constant."""
+    m = model("""(float[1,2] x) => (float[1,2] y) {
+        [allow1] r = MatMul(x, v)
+        [inf1] q = Div(r, w)
+        [inf2] s = Add(q, r)
+        [allow2] y = MatMul(s, v)
+    }""", {"w": np.array([9e-9, 0.25], np.float32), "v": np.eye(2, dtype=np.float32)})
+    x = np.array([[0.0, 3.0]], np.float32)
+    out, report = convert(m, inputs=[{"x": x}])
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert colors(out) == {"allow1": "low", "inf1": "fp32", "inf2": "fp32", "allow2": "low"}
+    assert reasons["inf1"] == ("reads initializer 'w' with values that flush to zero in float16, "
+                               "where a zero gives inf or NaN")
+    assert {t.name: t.data_type for t in out.graph.initializer}["w"] == onnx.TensorProto.FLOAT
+    expected = run(m, x=x)[0]
+    assert np.isfinite(expected).all()
+    np.testing.assert_allclose(run(emulated(out), x=x)[0], expected, rtol=2e-3)
+
+
 def test_resize_roi_and_scales_keep_their_types():
     """Rule: per-input rules from the schemas (Resize roi is T2, scales is fixed float)."""
     m = model("""(float[1,1,2,2] x) => (float[1,1,4,4] y) {

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import onnx
 
-from amp_rewrite.ir.graph import INITIALIZER
+from amp_rewrite.ir.graph import INITIALIZER, Node
 from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
+from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 
 
 class KeepUnfitConstants:
     """Invariant: no candidate reads, in a convertible slot, an initializer or Constant
-    whose values exceed the target's range or mostly flush to zero there, unless the
-    user forced it; a ConstantOfShape whose fill value doesn't fit stays float32. Such
-    values are kept, never clamped.
+    whose values exceed the target's range or mostly flush to zero there, nor where a zero
+    gives inf or NaN (``ZERO_SINGULAR_INPUTS``: a divisor, log's input) one of whose nonzero
+    values flushes to zero there, unless the user forced it; a ConstantOfShape whose fill
+    value doesn't fit stays float32. Such values are kept, never clamped.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -30,12 +32,16 @@ class KeepUnfitConstants:
         tensors = (_tensor_of(analysis, value) for value, _ in pending)
         for (value, readers), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
                                                                 options.underflow_share)):
-            if fit.problem is None:
+            problem = fit.problem
+            if problem is None and fit.lost_share:
+                readers = [(n, i) for n, i in readers if _zero_singular(index.nodes[n], i)]
+                problem = f"values that flush to zero in {analysis.precision.value}, where a zero gives inf or NaN"
+            if problem is None or not readers:
                 continue
             kind = "initializer" if value.source == INITIALIZER else "Constant"
-            analysis.kept_constants[value.name] = fit.problem
+            analysis.kept_constants[value.name] = problem
             for node_id, _ in readers:
-                if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {fit.problem}",
+                if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {problem}",
                                          Priority.SAFETY):
                     analysis.unfit_readers.add(node_id)
         for node_id in analysis.slots:
@@ -46,6 +52,10 @@ class KeepUnfitConstants:
                 if fit is not None and fit.problem and analysis.coloring.fix(
                         node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
                     analysis.unfit_readers.add(node_id)
+
+
+def _zero_singular(node: Node, slot: int) -> bool:
+    return (op_key(node.domain, node.op_type), slot) in ZERO_SINGULAR_INPUTS
 
 
 def _tensor_of(analysis: Analysis, value) -> onnx.TensorProto:
