@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import Node, Value, ValueKey, node_key
+from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, ZERO_SINGULAR_INPUTS, op_key
@@ -49,8 +49,7 @@ class MeasureRanges:
     where a reader turns zero into inf or NaN (``ZERO_SINGULAR_INPUTS``: log, divisor): a
     subnormal keeps few significant bits, and rounding upstream flushes one that the float32
     run left just above the flush threshold; such nodes
-    are fixed float32 (SAFETY) with the measured figure as reason, and for a subnormal value
-    so are the nodes that compute its producer's inputs (``_touching``). When nothing could be
+    are fixed float32 (SAFETY) with the measured figure as reason. When nothing could be
     measured, the report says so prominently (``--range-check on``: an error).
 
     The measurement starts before the analysis (``start``, in a child process beside it) and
@@ -106,9 +105,9 @@ class MeasureRanges:
                 self._not_measured(analysis, watched, why)
                 return
         over = 0
-        for value, reason, upstream in _verdicts(analysis, watched, measured, calibrated, source):
+        for value, reason in _verdicts(analysis, watched, measured, calibrated, source):
             over += 1
-            for node_id in _touching(analysis, value, upstream):
+            for node_id in _touching(analysis, value):
                 if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
                     key = node_key(analysis.index.nodes[node_id])
                     if key:
@@ -182,9 +181,8 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, c
 
 
 def _verdicts(analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool,
-              source: str) -> Iterator[tuple[Value, str, bool]]:
-    """The watched values that must stay float32, each with the measured reason and whether
-    the values it is computed from must be computed in float32 too (``_touching``)."""
+              source: str) -> Iterator[tuple[Value, str]]:
+    """The watched values that must stay float32, each with the measured reason."""
     options = analysis.options
     limit = analysis.precision.max / options.headroom
     for value in watched:
@@ -193,14 +191,14 @@ def _verdicts(analysis: Analysis, watched: list[Value], measured: dict, calibrat
             continue
         if stats.max_abs > limit:
             yield value, (f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond {limit:.4g} "
-                          f"({analysis.precision.value} max / headroom {options.headroom:g})"), False
+                          f"({analysis.precision.value} max / headroom {options.headroom:g})")
         elif calibrated and stats.small_share > options.flush_share:
             yield value, (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
-                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})"), False
+                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
         elif stats.subnormal and (singular := _zero_singular_reader(analysis, value)):
             yield value, (f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are subnormal "
                           f"in {analysis.precision.value} (below {analysis.precision.smallest_normal:.3g}; "
-                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN"), True
+                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN")
 
 
 def _measured_line(analysis: Analysis, watched: list[Value], measured: dict, source: str, over: int) -> str:
@@ -208,34 +206,12 @@ def _measured_line(analysis: Analysis, watched: list[Value], measured: dict, sou
             f"{over} do not fit {analysis.precision.value}")
 
 
-def _touching(analysis: Analysis, value: Value, upstream: bool) -> list[int]:
-    """The candidates that read or produce ``value``, and with ``upstream`` the candidates
-    that produce the float values its producer reads (up through ``SAME_ELEMENTS`` nodes):
-    a value near zero computed from a value rounded to the low type may round to zero where
-    the float32 run did not (ONNX Runtime's CPU Sigmoid, for one, is accurate to about 1e-8
-    absolute, so sigmoid(x) near -17 turns 0 or not with x's last bits)."""
+def _touching(analysis: Analysis, value: Value) -> list[int]:
     nodes = [n for n, _ in analysis.slot_readers(value)]
     producer = value.producer
     if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
         nodes.append(producer[0])
-        if upstream:
-            nodes.extend(_float_producers(analysis, analysis.index.nodes[producer[0]]))
     return nodes
-
-
-def _float_producers(analysis: Analysis, node: Node) -> Iterator[int]:
-    """The candidates that produce ``node``'s inputs at convertible slots, and up through the
-    ``SAME_ELEMENTS`` ones."""
-    for key in node.inputs:
-        value = analysis.index.values.get(key) if key else None
-        producer = value.producer if value is not None else None
-        slots = analysis.slots.get(producer[0]) if producer else None
-        if slots is None or producer[1] not in slots.outputs:
-            continue
-        yield producer[0]
-        made_by = analysis.index.nodes[producer[0]]
-        if op_key(made_by.domain, made_by.op_type) in SAME_ELEMENTS:
-            yield from _float_producers(analysis, made_by)
 
 
 @dataclass(frozen=True)
