@@ -557,3 +557,15 @@ def test_a_name_whose_slice_drops_one_is_guessed_at_two_at_least() -> None:
                "axes": np.array([0], np.int64), "flat": np.array([-1], np.int64), "shape": np.array([2, 3], np.int64)})
     assert _dims(m)[0] == ("batch=2 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1')", {"x": (2, 3, 2)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_multiple_that_a_fresh_name_shares_binds_nothing_and_the_walk_goes_on() -> None:
+    """Rule: x[batch, 2, batch] reshaped to [0, -1] is [batch, unk] (a fresh name for the -1);
+    reshaped again to [-1, 3, 3], its count is a multiple of 9. [batch, unk] solves for
+    nothing (guessed, it gave batch 1 and unk the rest); the walk goes back to x: 2 x batch x
+    batch, a multiple of 9 at batch = 3 (found by fuzzing: the range check was NOT RUN)."""
+    m = model("""(float[batch,2,batch] x) => (float[?,3,3] y) { f = Reshape(x, keep)
+                                                               [r1] y = Reshape(f, shape) }""",
+              {"keep": np.array([0, -1], np.int64), "shape": np.array([-1, 3, 3], np.int64)})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1', guessed)", {"x": (3, 2, 3)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

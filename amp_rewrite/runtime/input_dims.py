@@ -264,7 +264,7 @@ class _Rules:
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
         unknown = [e for e in extents if isinstance(e, Sym)]
-        if not unknown or needed <= 0 or have <= 0 or not have % needed:
+        if not unknown or needed <= 0 or have <= 0 or not have % needed or not self.inputs_only(unknown):
             return
         *others, last = dict.fromkeys(d.name for d in unknown)
         at = {name: self.least.get(name, 1) for name in others}
@@ -275,6 +275,12 @@ class _Rules:
             if not have * math.prod(d.at(extent) for d in mine) % needed:
                 self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
                 return
+
+    def inputs_only(self, dims: Iterable[Sym]) -> bool:
+        """Whether ``dims`` name only input dimensions: a count that a fresh name of inference's
+        shares (``unk__0`` for a Reshape's -1) solves for nothing, and a guess there would bind
+        the input names beside it for nothing."""
+        return all(d.name in self.names for d in dims)
 
     def at_least(self, dim: Dim, extent: int) -> None:
         """``dim`` must be ``extent`` or more."""
@@ -304,6 +310,8 @@ class _Rules:
         unknown = [named[0] - named[1], named[1] - named[0]]
         sides = [side for side in (0, 1) if unknown[side]]
         if len(sides) != 1 or 0 in fixed:
+            return
+        if not self.inputs_only(unknown[sides[0]]):
             return
         side, factors = sides[0], {}
         for dim in unknown[sides[0]].elements():
