@@ -569,3 +569,26 @@ def test_a_multiple_that_a_fresh_name_shares_binds_nothing_and_the_walk_goes_on(
               {"keep": np.array([0, -1], np.int64), "shape": np.array([-1, 3, 3], np.int64)})
     assert _dims(m)[0] == ("batch=3 (from Reshape 'r1', guessed)", {"x": (3, 2, 3)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_loop_body_that_keeps_its_carried_shape_has_the_initial_dimensions() -> None:
+    """Rule: x[seq, ?] carried through a Loop of 1 trip whose body declares float[seq, ?]
+    (inference names that ? afresh) and stacked into [1, seq, ?], then reshaped to [2]:
+    seq x x[1] = 2 once the body's ? stands for x[1] (found by fuzzing: the fresh name
+    shared the count, and the range check was NOT RUN)."""
+    m = onnx.parser.parse_model('''<ir_version: 8, opset_import: ["" : 17]>
+    g (float[seq,?] x) => (float[2] y) {
+       trips = Constant <value: tensor = int64 trips {1}> ()
+       go = Constant <value: tensor = bool go {1}> ()
+       last, stacked = Loop (trips, go, x) <body: graph = body (int64 i, bool c, float[seq,?] carried)
+                                                   => (bool c_out, float[seq,?] r, float[seq,?] s) {
+          r = Relu (carried)
+          c_out = Identity (c)
+          s = Identity (r)
+       }>
+       shape = Constant <value: tensor = int64[1] shape {2}> ()
+       y = Reshape (stacked, shape)
+    }''')
+    assert _dims(m)[0] == ("seq=1 (from Reshape 'Reshape#4', guessed), x[1]=2 (from Reshape 'Reshape#4')",
+                           {"x": (1, 2)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

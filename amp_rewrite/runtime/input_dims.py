@@ -14,7 +14,9 @@ such sums, and a fresh name that inference gave in their place stands for them w
 reaches.
 Then, until nothing new is learnt:
 
-- a Loop that runs to its constant trip count M stacks M of each scan output;
+- a Loop body's carried input whose shape its carried output keeps has its initial value's
+  dimensions (where inference named the body's ``?`` afresh); a Loop that runs to its
+  constant trip count M stacks M of each scan output;
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
   shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
@@ -534,8 +536,18 @@ def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
 
 
 def _loop(rules: _Rules, node: Node) -> None:
-    """A Loop that runs to its constant trip count M (its body passes the condition on as it
-    came) stacks M of each scan output: their first dimension is M."""
+    """A body's carried input that its carried output keeps the shape of has, at every
+    iteration, its initial value's shape (a fresh name that inference gave the body's ``?``
+    stands for the initial value's dimension). A Loop that runs to its constant trip count M
+    (its body passes the condition on as it came) stacks M of each scan output: their first
+    dimension is M."""
+    for graph_id in rules.index.subgraphs.get(node.id, ()):
+        body = rules.index.graphs[graph_id]
+        for info, kept, initial in zip(body.proto.input[2:], body.outputs[1:], node.inputs[2:]):
+            key = body.scope.get(info.name)
+            shape = rules.shape(key)
+            if shape is not None and shape == rules.shape(kept) and (start := rules.shape(initial)) is not None:
+                rules.derive(key, start)
     trips = rules.constant(node.inputs[0] if node.inputs else None)
     body = next((a.g for a in node.proto.attribute if a.name == "body"), None)
     if trips is None or trips.size != 1 or body is None or len(body.input) < 2 or not body.output:
