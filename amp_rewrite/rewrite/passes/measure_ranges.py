@@ -6,7 +6,7 @@ import functools
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -80,7 +80,9 @@ class MeasureRanges:
         self._apply_record(analysis)
         options = analysis.options
         calibrated = bool(options.calibrate) or analysis.measured is not None
-        skip = _skip_reason(analysis.index.initializers.values(), options, calibrated)
+        # a measurement started only where nothing ruled the check out (and calibrated rules out less)
+        skip = (None if analysis.measuring is not None
+                else _skip_reason(analysis.index.initializers.values(), options, calibrated))
         if skip:
             analysis.range_check = f"skipped: {skip}"
             return
@@ -89,7 +91,7 @@ class MeasureRanges:
             analysis.range_check = "skipped: no value could change precision"
             return
         source = _source(analysis, calibrated)
-        measured = analysis.measured
+        measured, sources = analysis.measured, None
         if measured is None:
             sources = {v.key: _same_elements_source(analysis, v) for v in watched}
             if analysis.speculate and analysis.measuring is not None:
@@ -104,15 +106,14 @@ class MeasureRanges:
                     raise UserError(f"range check: {why}") from None
                 self._not_measured(analysis, watched, why)
                 return
-        over = 0
-        for value, reason in _verdicts(analysis, watched, measured, calibrated, source):
-            over += 1
+        count, verdicts = _judged(analysis, watched, sources, measured, calibrated, source)
+        for value, reason in verdicts:
             for node_id in _touching(analysis, value):
                 if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
                     key = node_key(analysis.index.nodes[node_id])
                     if key:
                         analysis.measured_fp32.setdefault(key, reason)
-        analysis.range_check = _measured_line(analysis, watched, measured, source, over)
+        analysis.range_check = _measured_line(analysis, count, source, len(verdicts))
 
     @staticmethod
     def settle(analysis: Analysis) -> bool:
@@ -126,11 +127,12 @@ class MeasureRanges:
             return False
         if found is None:
             return False
-        measured = _by_watched(found[1], pending.sources)
-        if any(True for _ in _verdicts(analysis, pending.watched, measured, pending.calibrated, pending.source)):
+        count, verdicts = _judged(analysis, pending.watched, pending.sources, found[1], pending.calibrated,
+                                  pending.source)
+        if verdicts:
             return False
         _describe(analysis, found[0])
-        analysis.range_check = _measured_line(analysis, pending.watched, measured, pending.source, 0)
+        analysis.range_check = _measured_line(analysis, count, pending.source, 0)
         return True
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
@@ -155,12 +157,18 @@ class MeasureRanges:
 
     def _watched(self, analysis: Analysis) -> list[Value]:
         """Values computed by a node and touched by a node that may run low, in every graph."""
-        seen: dict = {}
-        for node_id in analysis.slots:
-            if analysis.coloring.color(node_id) is not Color.FP32:
-                for _, _, value in analysis.slot_values(node_id):
-                    if value.producer is not None:
-                        seen.setdefault(value.key, value)
+        seen: dict[ValueKey, Value] = {}
+        nodes, values, decisions = analysis.index.nodes, analysis.index.values, analysis.coloring.decisions
+        for node_id, slots in analysis.slots.items():
+            decision = decisions.get(node_id)
+            if decision is not None and decision.color is Color.FP32:
+                continue
+            node = nodes[node_id]
+            for keys, at in ((node.inputs, slots.inputs), (node.outputs, slots.outputs)):
+                for i in at:
+                    key = keys[i]
+                    if key not in seen and (value := values[key]).producer is not None:
+                        seen[key] = value
         return list(seen.values())
 
 
@@ -180,30 +188,39 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, c
     return None
 
 
-def _verdicts(analysis: Analysis, watched: list[Value], measured: dict, calibrated: bool,
-              source: str) -> Iterator[tuple[Value, str]]:
-    """The watched values that must stay float32, each with the measured reason."""
+def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey, ValueKey] | None,
+            measured: Mapping[ValueKey, instrument.ValueStats], calibrated: bool,
+            source: str) -> tuple[int, list[tuple[Value, str]]]:
+    """How many watched values were measured (``sources``: the key each one's statistics are
+    under, ``_same_elements_source``; None: its own), and those that must stay float32, each
+    with the measured reason: one pass over them."""
     options = analysis.options
     limit = analysis.precision.max / options.headroom
+    count, verdicts = 0, []
     for value in watched:
-        stats = measured.get(value.key)
+        stats = measured.get(value.key if sources is None else sources[value.key])
         if stats is None:
             continue
+        count += 1
+        if stats.max_abs <= limit and not stats.subnormal:  # the commonest (``small`` counts among subnormal)
+            continue
         if stats.max_abs > limit:
-            yield value, (f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond {limit:.4g} "
-                          f"({analysis.precision.value} max / headroom {options.headroom:g})")
+            verdicts.append((value, f"value {value.name!r} reached {stats.max_abs:.3g} on {source}, beyond "
+                                    f"{limit:.4g} ({analysis.precision.value} max / headroom {options.headroom:g})"))
         elif calibrated and stats.small_share > options.flush_share:
-            yield value, (f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on {source} "
-                          f"flush to zero in {analysis.precision.value} (flush_share {options.flush_share:g})")
-        elif stats.subnormal and (singular := _zero_singular_reader(analysis, value)):
-            yield value, (f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are subnormal "
-                          f"in {analysis.precision.value} (below {analysis.precision.smallest_normal:.3g}; "
-                          f"{stats.small} flush to zero), and {singular} turns a zero into inf or NaN")
+            verdicts.append((value, f"value {value.name!r}: {stats.small_share:.0%} of its nonzero elements on "
+                                    f"{source} flush to zero in {analysis.precision.value} "
+                                    f"(flush_share {options.flush_share:g})"))
+        elif singular := _zero_singular_reader(analysis, value):
+            verdicts.append((value, f"value {value.name!r}: {stats.subnormal} nonzero elements on {source} are "
+                                    f"subnormal in {analysis.precision.value} (below "
+                                    f"{analysis.precision.smallest_normal:.3g}; {stats.small} flush to zero), "
+                                    f"and {singular} turns a zero into inf or NaN"))
+    return count, verdicts
 
 
-def _measured_line(analysis: Analysis, watched: list[Value], measured: dict, source: str, over: int) -> str:
-    return (f"measured {sum(v.key in measured for v in watched)} values on {source}; "
-            f"{over} do not fit {analysis.precision.value}")
+def _measured_line(analysis: Analysis, count: int, source: str, over: int) -> str:
+    return f"measured {count} values on {source}; {over} do not fit {analysis.precision.value}"
 
 
 def _touching(analysis: Analysis, value: Value) -> list[int]:
@@ -257,20 +274,17 @@ class Measurement:
             self._started = None
 
 
-def _measure(analysis: Analysis, sources: dict[ValueKey, ValueKey]) -> dict:
-    """The statistics of the watched values (``sources``: each one's ``_same_elements_source``):
-    from the measurement ``start`` began, or where it failed (or did not start), measured now
-    in a child process (``isolate``), stage by stage (``stages``)."""
+def _measure(analysis: Analysis, sources: dict[ValueKey, ValueKey]) -> dict[ValueKey, instrument.ValueStats]:
+    """The statistics of the watched values' sources (``sources``: each one's
+    ``_same_elements_source``), by source: from the measurement ``start`` began, or where it
+    failed (or did not start), measured now in a child process (``isolate``), stage by stage
+    (``stages``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
         work = _work(analysis.index.model, analysis.options, analysis.base_dir, sorted(set(sources.values())))
         found = isolated(work, "onnxruntime (range check)")
     _describe(analysis, found[0])
-    return _by_watched(found[1], sources)
-
-
-def _by_watched(measured: dict, sources: dict[ValueKey, ValueKey]) -> dict:
-    return {key: measured[source] for key, source in sources.items() if source in measured}
+    return found[1]
 
 
 def _describe(analysis: Analysis, description: str) -> None:
@@ -329,10 +343,11 @@ def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
     """The value whose measurement stands for ``value``: up the chain of top-level reshapes and
     transposes (``SAME_ELEMENTS``) to the first value something else computes."""
     while value.key[0] == 0:
-        node = analysis.index.producer_node(value)
+        node = analysis.index.nodes[value.producer[0]]
+        if (node.domain, node.op_type) not in SAME_ELEMENTS:  # the index spells the default domain ""
+            break
         source = analysis.index.values.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
-        if (op_key(node.domain, node.op_type) not in SAME_ELEMENTS or source is None or source.key[0] != 0
-                or source.producer is None):
+        if source is None or source.key[0] != 0 or source.producer is None:
             break
         value = source
     return value.key
@@ -354,9 +369,12 @@ def _source(analysis: Analysis, calibrated: bool) -> str:
 
 
 def _nbytes(tensor: onnx.TensorProto) -> int:
-    if tensor.data_type == TensorProto.STRING:
-        return 0
-    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return math.prod(tensor.dims) * _itemsize(tensor.data_type)
+
+
+@functools.cache
+def _itemsize(data_type: int) -> int:
+    return 0 if data_type == TensorProto.STRING else helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def _first_line(exc: Exception) -> str:
