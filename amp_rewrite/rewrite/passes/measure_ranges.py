@@ -305,7 +305,9 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
     top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
 
     def work(progress: Progress) -> tuple[str, dict]:
-        lifted = instrument.lift_nested(model, keys, thresholds)
+        # a copy where the work runs in this process: the Sigmoids are made exact in place
+        lifted = instrument.lift_nested(model, keys, thresholds, copy=not FORKS)
+        instrument.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
             lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, base_dir,
