@@ -592,3 +592,19 @@ def test_a_loop_body_that_keeps_its_carried_shape_has_the_initial_dimensions() -
     assert _dims(m)[0] == ("seq=1 (from Reshape 'Reshape#4', guessed), x[1]=2 (from Reshape 'Reshape#4')",
                            {"x": (1, 2)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_reshapes_minus_one_takes_the_count_over_the_other_dimensions() -> None:
+    """Rule: x[batch, batch] reshaped to [0, -1] is [batch, batch] (inference names the -1
+    afresh), padded by one row to [batch + 1, batch], flattened and reshaped to [2, 2, 3]:
+    (batch + 1) x batch = 12, batch = 3 (found by fuzzing: the fresh name shared the count,
+    and the range check was NOT RUN)."""
+    m = model("""(float[batch,batch] x) => (float[2,2,3] y) { f = Reshape(x, keep)
+                                                             p = Pad(f, pads, zero)
+                                                             g = Reshape(p, flat)
+                                                             [r1] y = Reshape(g, shape) }""",
+              {"keep": np.array([0, -1], np.int64), "pads": np.array([0, 0, 1, 0], np.int64),
+               "zero": np.array(0, np.float32), "flat": np.array([-1], np.int64),
+               "shape": np.array([2, 2, 3], np.int64)})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -22,7 +22,8 @@ Then, until nothing new is learnt:
   shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
   and N scale the count by K / N), which gives the one input dimension left unknown, offset
   or repeated too (``(batch + 1) x batch = 12``); with -1, the count is a multiple of the
-  fixed extents;
+  fixed extents, and the -1 is the count over the others where that is one dimension
+  (``[batch, batch]`` to ``[0, -1]`` is ``[batch, batch]``);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
@@ -355,11 +356,43 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
     result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
+    if (target == -1).sum() == 1:
+        at = int(np.flatnonzero(target == -1)[0])
+        rest = _left_over(data, result[:at] + result[at + 1:])
+        if rest is not None:
+            rules.derive(node.outputs[0], [*result[:at], rest, *result[at + 1:]])
     for counted, times, per in _reshaped_from(rules, node.inputs[0]):
         if not (target < 0).any():  # counted x per = result x times
             rules.same_count((*counted, per), (*result, times), f"Reshape {node.label!r}")
         elif times == per:  # a -1 takes what is left: the count need only be a multiple of the rest
             rules.multiple_of(counted, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
+
+
+def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
+    """What a Reshape's -1 takes where it is one dimension: ``data``'s count over the product of
+    the ``others`` (``batch`` for [batch, batch] to [0, -1]; 2 x seq for [seq, 2] to [-1])."""
+    fixed, named = [1, 1], [Counter(), Counter()]
+    for side, dims in enumerate((data, others)):
+        for dim in dims:
+            if dim is None:
+                return None
+            if isinstance(dim, int):
+                fixed[side] *= dim
+            elif dim.offset:
+                named[side][dim] += 1
+            else:
+                fixed[side] *= dim.scale
+                named[side][Sym(dim.name)] += 1
+    left = named[0] - named[1]
+    if named[1] - named[0] or fixed[1] <= 0 or fixed[0] % fixed[1]:
+        return None
+    factor = fixed[0] // fixed[1]
+    if not left:
+        return factor
+    if sum(left.values()) != 1:
+        return None
+    (dim,) = left
+    return Sym(dim.name, 0, dim.scale * factor) if not dim.offset else (dim if factor == 1 else None)
 
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
