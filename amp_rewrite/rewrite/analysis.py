@@ -13,6 +13,7 @@ from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import InferredTypes
 from amp_rewrite.policy.classes import Policy
+from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.coloring import Color, Coloring
 from amp_rewrite.rewrite.options import ConvertOptions
 
@@ -110,6 +111,11 @@ class Analysis:
 
     def output_color(self, graph_id: int) -> Color:
         return self.io_color if graph_id == 0 else Color.FP32
+
+    def zero_singular(self, node_id: int, index: int) -> bool:
+        """Whether a zero at input ``index`` of the node turns into inf or NaN (``ZERO_SINGULAR_INPUTS``)."""
+        node = self.index.nodes[node_id]
+        return (op_key(node.domain, node.op_type), index) in ZERO_SINGULAR_INPUTS
 
     def slot_readers(self, value: Value) -> list[tuple[int, int]]:
         """The (node, input index) uses of ``value`` at convertible slots of candidates."""

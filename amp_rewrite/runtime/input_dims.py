@@ -574,20 +574,22 @@ def _loop(rules: _Rules, node: Node) -> None:
     stands for the initial value's dimension). A Loop that runs to its constant trip count M
     (its body passes the condition on as it came) stacks M of each scan output: their first
     dimension is M."""
-    for graph_id in rules.index.subgraphs.get(node.id, ()):
-        body = rules.index.graphs[graph_id]
-        for info, kept, initial in zip(body.proto.input[2:], body.outputs[1:], node.inputs[2:]):
-            key = body.scope.get(info.name)
-            shape = rules.shape(key)
-            if shape is not None and shape == rules.shape(kept) and (start := rules.shape(initial)) is not None:
-                rules.derive(key, start)
-    trips = rules.constant(node.inputs[0] if node.inputs else None)
-    body = next((a.g for a in node.proto.attribute if a.name == "body"), None)
-    if trips is None or trips.size != 1 or body is None or len(body.input) < 2 or not body.output:
+    bodies = rules.index.subgraphs.get(node.id)
+    if not bodies:
         return
-    kept, condition = body.input[1].name, body.output[0].name
+    body = rules.index.graphs[bodies[0]]
+    for info, kept, initial in zip(body.proto.input[2:], body.outputs[1:], node.inputs[2:]):
+        key = body.scope.get(info.name)
+        shape = rules.shape(key)
+        if shape is not None and shape == rules.shape(kept) and (start := rules.shape(initial)) is not None:
+            rules.derive(key, start)
+    trips = rules.constant(node.inputs[0] if node.inputs else None)
+    graph = body.proto
+    if trips is None or trips.size != 1 or len(graph.input) < 2 or not graph.output:
+        return
+    kept, condition = graph.input[1].name, graph.output[0].name
     if condition != kept and not any(n.op_type == "Identity" and list(n.input) == [kept] and condition in n.output
-                                     for n in body.node):
+                                     for n in graph.node):
         return
     for key in node.outputs[len(node.inputs) - 2:]:
         inferred = rules.index.values[key].shape if key is not None else None

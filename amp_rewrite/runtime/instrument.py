@@ -165,14 +165,17 @@ def exact_sigmoid(model: onnx.ModelProto) -> None:
     exact only to 2^-25 absolute (multiples of 3e-8: 3e-8 at -17.9999, 0 at -18 and at -57), so
     a measurement through it sees zeros where float32 holds values that float16 flushes to zero
     (and a Log after them turns -inf on a GPU). The composition is of unary ops: any float type."""
+    def sigmoid(node: onnx.NodeProto) -> bool:
+        return node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx")
+
     names: Names | None = None
     for graph in iter_graphs(model.graph):  # a graph rebuilt here is walked on as rebuilt
-        if not any(node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx") for node in graph.node):
+        if not any(map(sigmoid, graph.node)):
             continue
         names = names or Names.of_model(model)
         nodes = []
         for node in graph.node:
-            if node.op_type != "Sigmoid" or node.domain not in ("", "ai.onnx"):
+            if not sigmoid(node):
                 nodes.append(node)
                 continue
             made = [names.fresh(f"{node.output[0]}_exact_sigmoid") for _ in range(3)]

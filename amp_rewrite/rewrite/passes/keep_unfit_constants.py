@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import onnx
 
-from amp_rewrite.ir.graph import INITIALIZER, Node
+from amp_rewrite.ir.graph import INITIALIZER
 from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
-from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 
@@ -34,7 +33,7 @@ class KeepUnfitConstants:
                                                                 options.underflow_share)):
             problem = fit.problem
             if problem is None and fit.lost_share:
-                readers = [(n, i) for n, i in readers if _zero_singular(index.nodes[n], i)]
+                readers = [(n, i) for n, i in readers if analysis.zero_singular(n, i)]
                 problem = f"values that flush to zero in {analysis.precision.value}, where a zero gives inf or NaN"
             if problem is None or not readers:
                 continue
@@ -52,10 +51,6 @@ class KeepUnfitConstants:
                 if fit is not None and fit.problem and analysis.coloring.fix(
                         node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
                     analysis.unfit_readers.add(node_id)
-
-
-def _zero_singular(node: Node, slot: int) -> bool:
-    return (op_key(node.domain, node.op_type), slot) in ZERO_SINGULAR_INPUTS
 
 
 def _tensor_of(analysis: Analysis, value) -> onnx.TensorProto:

@@ -16,7 +16,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
-from amp_rewrite.policy.oplists import SAME_ELEMENTS, ZERO_SINGULAR_INPUTS, op_key
+from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -358,8 +358,8 @@ def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
 def _zero_singular_reader(analysis: Analysis, value: Value) -> str | None:
     """The first node that reads ``value`` where a zero gives inf or NaN (``ZERO_SINGULAR_INPUTS``)."""
     for node_id, slot in value.uses:
-        node = analysis.index.nodes[node_id]
-        if (op_key(node.domain, node.op_type), slot) in ZERO_SINGULAR_INPUTS:
+        if analysis.zero_singular(node_id, slot):
+            node = analysis.index.nodes[node_id]
             return f"{node.op_type} {node.label!r}"
     return None
 
