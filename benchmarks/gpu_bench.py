@@ -20,6 +20,13 @@ of the output's largest magnitude.
 Full results: DIR/gpu_bench.json and DIR/gpu_bench.md (DIR: --out, else $OUT, else
 benchmarks/work/gpu); a short table is printed last. ``--quick`` runs small sizes of a few
 cases on any provider, to try the script where there is no GPU.
+
+A GPU is lent for minutes, so the CPU work runs apart from the timing: the models and their
+conversions are made by ``--jobs`` processes side by side into ``--work`` (kept there: a
+later run reuses them, and ``--prepare-only`` stops after making them), the cases are timed
+one after another in priority order (the targets' cases first) until ``--deadline`` seconds
+have passed, and the emulation agreement, measured on the batch-1 cases, runs side by side
+at the end.
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ import argparse
 import dataclasses
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -60,17 +70,22 @@ class Case:
     name: str
     build: object
     """() -> (model, shapes of its generated inputs)."""
+    emulate: bool = False
+    """Whether the emulation agreement is measured on it (the batch-1 cases: the CPU runs it)."""
 
 
 def cases(quick: bool) -> list[Case]:
+    """In the order they are timed: the targets' cases first, then by how much they tell."""
     if quick:
-        light = [n for n in LIGHT_NAMES if n == "squeezenet"]
-        return ([Case(f"{n} b1", _light(n, 1)) for n in light]
-                + [Case("encoder b2", _encoder(2, blocks=2, width=128, heads=4, seq=32)),
-                   Case("seed_cnn b4", _seed_cnn(4, image_size=64))])
-    return ([Case(f"{n} b{b}", _light(n, b)) for n in LIGHT_NAMES for b in (1, 32)]
-            + [Case(f"encoder b{b}", _encoder(b)) for b in (1, 32)]
-            + [Case(f"seed_cnn b{b}", _seed_cnn(b)) for b in (32, 128, 512)])
+        return [Case("squeezenet b1", _light("squeezenet", 1), emulate=True),
+                Case("encoder b2", _encoder(2, blocks=2, width=128, heads=4, seq=32), emulate=True),
+                Case("seed_cnn b4", _seed_cnn(4, image_size=64), emulate=True)]
+    first = [Case("resnet50 b32", _light("resnet50", 32)), Case("encoder b32", _encoder(32)),
+             Case("resnet50 b1", _light("resnet50", 1), emulate=True), Case("encoder b1", _encoder(1), emulate=True)]
+    rest = ([Case(f"{n} b32", _light(n, 32)) for n in LIGHT_NAMES if n != "resnet50"]
+            + [Case(f"seed_cnn b{b}", _seed_cnn(b)) for b in (32, 128, 512)]
+            + [Case(f"{n} b1", _light(n, 1), emulate=True) for n in LIGHT_NAMES if n != "resnet50"])
+    return first + rest
 
 
 def _light(name: str, batch: int):
@@ -117,20 +132,51 @@ def emulation_ulps(mixed: Path, provider: str, sample: dict) -> dict[str, float]
     return ulps
 
 
-def run_case(case: Case, provider: str, folder: Path, warmup: int, runs: int) -> dict:
+def _folder(work: Path, case: Case) -> Path:
+    return work / case.name.replace(" ", "_")
+
+
+def prepare(case: Case, provider: str, folder: Path) -> dict:
+    """The case's float32 model, amp-rewrite's output and the peers' outputs in ``folder``, and
+    what timing them needs (made once: kept in ``folder`` for a later run)."""
+    made = folder / "prepared.json"
+    if made.exists():
+        return json.loads(made.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     model, shapes = case.build()
     source = folder / "float32.onnx"
     onnx.save(model, source)
-    ours = folder / "amp-rewrite.onnx"
-    _, report = convert(str(source), str(ours), default_options(provider))
+    _, report = convert(str(source), str(folder / "amp-rewrite.onnx"), default_options(provider))
     peers, missing = peer_outputs(source, folder)
-    result = bench(str(source), [str(ours), *map(str, peers)], provider=provider, shapes=shapes, warmup=warmup,
-                   runs=runs)
-    sample = samples.generate(model, 1, shapes)[0]
-    return {"case": case.name, "nodes": len(model.graph.node), "conversion": report.summary().splitlines()[0],
-            "peers_missing": missing, "bench": dataclasses.asdict(result),
-            "emulation_ulps": emulation_ulps(ours, provider, sample)}
+    prepared = {"nodes": len(model.graph.node), "conversion": report.summary().splitlines()[0],
+                "peers": [p.name for p in peers], "peers_missing": missing,
+                "shapes": {name: list(dims) for name, dims in shapes.items()}}
+    made.write_text(json.dumps(prepared))
+    return prepared
+
+
+def _prepare_named(name: str, quick: bool, provider: str, work: str) -> dict:
+    """``prepare`` in a pool's process, which gets the case by name (its builder does not pickle)."""
+    case = next(c for c in cases(quick) if c.name == name)
+    return prepare(case, provider, _folder(Path(work), case))
+
+
+def run_case(case: Case, prepared: dict, provider: str, folder: Path, warmup: int, runs: int) -> dict:
+    result = bench(str(folder / "float32.onnx"), [str(folder / "amp-rewrite.onnx"),
+                                                  *(str(folder / p) for p in prepared["peers"])],
+                   provider=provider, shapes=prepared["shapes"], warmup=warmup, runs=runs)
+    return {"case": case.name, "nodes": prepared["nodes"], "conversion": prepared["conversion"],
+            "peers_missing": prepared["peers_missing"], "bench": dataclasses.asdict(result)}
+
+
+def _emulation_named(name: str, quick: bool, provider: str, work: str) -> dict[str, float]:
+    """``emulation_ulps`` of a prepared case, in a pool's process, on one generated sample."""
+    case = next(c for c in cases(quick) if c.name == name)
+    folder = _folder(Path(work), case)
+    prepared = json.loads((folder / "prepared.json").read_text())
+    model = onnx.load(folder / "float32.onnx", load_external_data=False)
+    sample = samples.generate(model, 1, prepared["shapes"])[0]
+    return emulation_ulps(folder / "amp-rewrite.onnx", provider, sample)
 
 
 def summary(results: list[dict]) -> tuple[list[str], list[str]]:
@@ -149,7 +195,8 @@ def summary(results: list[dict]) -> tuple[list[str], list[str]]:
             f"{ours['median_ms']:.3f} ({ours['speedup']:.2f}x)",
             *(_cell(models.get(p + ".onnx"), r["bench"]["failed"].get(p + ".onnx")) for p in PEERS),
             f"{vs_peer:.2f}" if vs_peer else "-",
-            f"{max(r['emulation_ulps'].values(), default=0.0):.1f}", ours["verdict"].split(";")[0]]) + " |")
+            f"{max(r['emulation_ulps'].values(), default=0.0):.1f}" if "emulation_ulps" in r else "-",
+            ours["verdict"].split(";")[0]]) + " |")
         if r["case"] in TARGET_SPEEDUP_CASES:
             met = ours["speedup"] >= TARGET_SPEEDUP
             targets.append(f"{r['case']}: {ours['speedup']:.2f}x over float32 (TF32 off), target {TARGET_SPEEDUP}x: "
@@ -167,6 +214,7 @@ def _cell(model: dict | None, failure: str | None) -> str:
 
 
 def main() -> None:
+    started = time.monotonic()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--provider", default="CUDAExecutionProvider")
     parser.add_argument("--quick", action="store_true", help="small sizes of a few cases, for a CPU")
@@ -174,15 +222,55 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "work" / "gpu"))
+    parser.add_argument("--work", help="where the prepared models are kept (default: OUT/cases)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes preparing side by side")
+    parser.add_argument("--prepare-only", action="store_true")
+    parser.add_argument("--deadline", type=float, default=float("inf"),
+                        help="seconds after which no further case is timed")
     args = parser.parse_args()
     out = Path(args.out)
+    work = Path(args.work) if args.work else out / "cases"
+    out.mkdir(parents=True, exist_ok=True)
     chosen = [c for c in cases(args.quick) if not args.only or any(o in c.name for o in args.only)]
-    results = []
+    spawn = multiprocessing.get_context("spawn")  # the pool's processes start CUDA of their own
+    with ProcessPoolExecutor(max(1, min(args.jobs, len(chosen))), mp_context=spawn) as pool:
+        futures = {c.name: pool.submit(_prepare_named, c.name, args.quick, args.provider, str(work)) for c in chosen}
+        prepared = {}
+        for name, future in futures.items():
+            try:
+                prepared[name] = future.result()
+            except Exception as exc:  # noqa: BLE001 - a case that cannot be prepared is reported, not fatal
+                print(f"{name}: not prepared: {type(exc).__name__}: {exc}", flush=True)
+    print(f"prepared {len(prepared)} of {len(chosen)} cases in {time.monotonic() - started:.0f} s", flush=True)
+    if args.prepare_only:
+        return
+    results, unrun = [], []
     for case in chosen:
+        if case.name not in prepared or time.monotonic() - started > args.deadline:
+            unrun.append(case.name)
+            continue
         print(f"{case.name} ...", flush=True)
-        results.append(run_case(case, args.provider, out / "cases" / case.name.replace(" ", "_"), args.warmup,
-                                args.runs))
+        try:
+            results.append(run_case(case, prepared[case.name], args.provider, _folder(work, case), args.warmup,
+                                    args.runs))
+        except Exception as exc:  # noqa: BLE001 - one case's failure is reported; the others still run
+            unrun.append(f"{case.name} (failed: {type(exc).__name__}: {str(exc)[:200]})")
+            print(unrun[-1], flush=True)
         (out / "gpu_bench.json").write_text(json.dumps(results, indent=2))
+    emulated = [c.name for c in chosen if c.emulate and c.name in prepared]
+    with ProcessPoolExecutor(max(1, min(args.jobs, len(emulated))), mp_context=spawn) as pool:
+        ulps = {n: pool.submit(_emulation_named, n, args.quick, args.provider, str(work)) for n in emulated}
+        agreement = {}
+        for name, future in ulps.items():
+            try:
+                agreement[name] = future.result()
+            except Exception as exc:  # noqa: BLE001 - reported in the table instead of a figure
+                agreement[name] = {f"failed: {type(exc).__name__}: {str(exc)[:200]}": float("nan")}
+    for r in results:
+        if r["case"] in agreement:
+            r["emulation_ulps"] = agreement[r["case"]]
+    (out / "gpu_bench.json").write_text(json.dumps({"cases": results, "emulation_ulps": agreement,
+                                                    "not_timed": unrun}, indent=2))
     import onnxruntime as ort
 
     machine = f"{platform.node()}, {platform.processor() or platform.machine()}, onnxruntime {ort.__version__}"
@@ -190,9 +278,13 @@ def main() -> None:
             + " | ".join(f"{p} ms" for p in PEERS) + " | amp-rewrite / fastest peer speed | emulation ulps | verdict |",
             "|---" * (7 + len(PEERS)) + "|"]
     rows, targets = summary(results)
+    agreement_lines = [f"- {n}: " + ", ".join(f"{o} {u:.1f}" for o, u in a.items()) for n, a in agreement.items()]
     text = "\n".join([f"# GPU benchmark ({args.provider}, {datetime.date.today()}, {machine})", "",
                       "Median latency of one run with I/O binding; speed-up over float32 with TF32 off.", "",
-                      *head, *rows, "", *(f"- {t}" for t in targets or ["targets: nothing to report"])])
+                      *head, *rows, "", *(f"- {t}" for t in targets or ["targets: nothing to report"]),
+                      *([f"- not timed (deadline, not prepared or failed): {', '.join(unrun)}"] if unrun else []), "",
+                      "Emulation agreement (largest |provider - CPU emulation| per output, in float16 ulps of the "
+                      "output's largest magnitude):", *agreement_lines])
     (out / "gpu_bench.md").write_text(text + "\n")
     print(text)
 

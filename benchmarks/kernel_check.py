@@ -341,9 +341,10 @@ def _said(exc: BaseException) -> str:
 
 
 def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: Iterable[str] | None = None,
-          isolate: bool = True) -> Check:
+          isolate: bool = True, shard: tuple[int, int] = (0, 1)) -> Check:
     """Every single-node case (of ``ops``) on ``provider``: the table's answer against the runtime's.
-    The cases of one op type run in a forked child when ``isolate``."""
+    The cases of one op type run in a forked child when ``isolate``. ``shard`` (k, n) keeps the
+    k-th of every n op types (in name order), so n processes can share the work."""
     import onnxruntime as ort
 
     precision = Precision(precision)
@@ -357,7 +358,7 @@ def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: It
             result.skipped[prepared] += 1
         else:
             by_op.setdefault(prepared.op, []).append(prepared)
-    for op, cases in sorted(by_op.items()):
+    for op, cases in sorted(by_op.items())[shard[0]::shard[1]]:
 
         def work(progress, cases=cases) -> list[Finding]:
             found = []
@@ -425,9 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="float16", choices=[p.value for p in Precision])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--ops", default="", help="comma-separated op types (default: all)")
+    parser.add_argument("--shard", default="0/1", metavar="K/N",
+                        help="check only the K-th of every N op types (0-based), to run N processes side by side")
     args = parser.parse_args(argv)
+    k, n = (int(part) for part in args.shard.split("/"))
     try:
-        result = check(args.provider, args.precision, [op for op in args.ops.split(",") if op] or None)
+        result = check(args.provider, args.precision, [op for op in args.ops.split(",") if op] or None,
+                       shard=(k, n))
     except amp_rewrite.UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -37,10 +37,13 @@ def write(head: list[str] | None = None, sections: dict[str, list[str]] | None =
     RESULTS.write_text(text + "\n\n" + "\n\n".join(current.values()) + "\n")
 
 
-def child(command: list[str]) -> dict:
+def child(command: list[str], timeout: float | None = None) -> dict:
     """Run one measurement in its own process: the JSON object its last output line holds, or
-    ``{"error": its last line of errors}``."""
-    done = subprocess.run(command, capture_output=True, text=True)
+    ``{"error": its last line of errors}`` (also when it runs past ``timeout`` seconds)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
     output = done.stdout.strip().splitlines()
     if done.returncode == 0 and output:
         return json.loads(output[-1])

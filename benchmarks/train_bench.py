@@ -2,16 +2,22 @@
 
 The seed experiment's table: the seed CNN on 256x256x3 images, 10 classes, AdamW, sparse
 cross-entropy, batches 32 to 512. Each (batch, precision) runs in its own process:
-build the step, one warm-up step, then ``--steps`` timed steps (wall clock around
-``Trainer.step``, data already in memory); peak memory is the process's maximum resident
-set (host) and, on CUDA, ONNX Runtime's arena is not visible to it (see the note written).
+build the step, ``--warmup`` steps, then ``--steps`` timed steps (wall clock around
+``Trainer.step``, the batch already on the device, as PyTorch's is). Memory is the process's maximum resident set
+(host) and, on CUDA, the device memory the process holds after the timed steps (NVML: the
+device's memory in use less what was in use before the process started its work; ONNX
+Runtime's arena and PyTorch's caching allocator both keep what they took, so this is their
+peak, the CUDA context included).
 On a machine with CUDA (onnxruntime-gpu) the steps run on the CUDA provider, and the same
 network in PyTorch (autocast + GradScaler) is timed beside it when torch with CUDA is
 installed. Without a GPU the figures are the CPU provider's, labelled as such: ONNX
 Runtime's CPU provider has few float16 kernels, so they show the graph's cost, not the
 speed-up Tensor Cores give. Writes the "Training steps" section of RESULTS.md.
 
-    python benchmarks/train_bench.py [--batches 32,64,128,256,512] [--image-size 256] [--steps 3]
+    python benchmarks/train_bench.py [--batches 32,64,128,256,512] [--image-size 256] [--steps N]
+        [--warmup N] [--out FILE]
+
+``--out`` also writes the section to FILE (for a machine whose RESULTS.md does not come back).
 """
 
 from __future__ import annotations
@@ -28,12 +34,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from amp_rewrite.runtime.timing import device_memory  # noqa: E402
 from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 
 SECTION = "Training steps (seed CNN)"
 CPU_BATCHES = "32,64"
 """On the CPU, larger batches of 256x256 images take minutes per step."""
+STEPS = {"CUDAExecutionProvider": (2, 10), "CPUExecutionProvider": (1, 3)}
+"""Warm-up and timed steps by default, per provider."""
+CHILD_TIMEOUT = 300
+"""Seconds one configuration may take before it is reported as timed out."""
 
 
 def provider() -> str:
@@ -54,27 +65,35 @@ def provider() -> str:
     return "CUDAExecutionProvider"
 
 
-def one(batch: int, precision: str, image_size: int, steps: int) -> dict:
+def _device_mib(before: int | None) -> float | None:
+    now = device_memory("cuda", 0)
+    return None if now is None or before is None else (now - before) / 2**20
+
+
+def one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict:
     from amp_rewrite.training import build
     from amp_rewrite.training.trainer import Trainer
 
+    before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
                  precision=precision)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
-    trainer = Trainer(step, provider=provider(), lr=1e-3, emulate=False)
+    where = provider()
+    trainer = Trainer(step, provider=where, lr=1e-3, emulate=False)
     rng = np.random.default_rng(0)
-    data = {"image": rng.normal(0, 1, (batch, 3, image_size, image_size)).astype(np.float32),
-            "labels": rng.integers(0, 10, batch).astype(np.int64)}
-    trainer.step(data)
+    data = trainer.device_batch({"image": rng.normal(0, 1, (batch, 3, image_size, image_size)).astype(np.float32),
+                                 "labels": rng.integers(0, 10, batch).astype(np.int64)})
+    for _ in range(warmup):
+        trainer.step(data)
     started = time.perf_counter()
     skipped = sum(trainer.step(data).skipped for _ in range(steps))
     seconds = (time.perf_counter() - started) / steps
     return {"ms": 1000 * seconds, "skipped": skipped, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            / 1024, "provider": provider()}
+            / 1024, "device_mib": _device_mib(before), "provider": where}
 
 
-def torch_one(batch: int, precision: str, image_size: int, steps: int) -> dict | None:
+def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict | None:
     """The same network in PyTorch (autocast + GradScaler for mixed), on CUDA only."""
     try:
         import torch
@@ -82,11 +101,13 @@ def torch_one(batch: int, precision: str, image_size: int, steps: int) -> dict |
         return None
     if not torch.cuda.is_available():
         return None
+    before = device_memory("cuda", 0)
     nn = torch.nn
     net = nn.Sequential(
         nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.ReLU(), nn.BatchNorm2d(64, eps=1e-3),
         nn.Conv2d(64, 128, 11, stride=2, padding=5), nn.ReLU(), nn.BatchNorm2d(128, eps=1e-3),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)).cuda()
+    torch.backends.cudnn.benchmark = True
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler("cuda", enabled=precision == "float16")
     x = torch.randn(batch, 3, image_size, image_size, device="cuda")
@@ -100,64 +121,81 @@ def torch_one(batch: int, precision: str, image_size: int, steps: int) -> dict |
         scaler.step(optimizer)
         scaler.update()
 
-    step()
+    for _ in range(warmup):
+        step()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    return {"ms": 1000 * (time.perf_counter() - started) / steps,
-            "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
+    return {"ms": 1000 * (time.perf_counter() - started) / steps, "device_mib": _device_mib(before),
+            "allocated_mib": torch.cuda.max_memory_allocated() / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches")
     parser.add_argument("--image-size", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, help="timed steps (default: 10 on CUDA, 3 on the CPU)")
+    parser.add_argument("--warmup", type=int, help="steps before the timed ones (default: 2 on CUDA, 1 on the CPU)")
+    parser.add_argument("--out", type=Path, help="also write the section to this file")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
     parser.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    where = provider()
+    warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
     if args.one:
         run = torch_one if args.torch else one
-        print(json.dumps(run(int(args.one[0]), args.one[1], args.image_size, args.steps)))
+        print(json.dumps(run(int(args.one[0]), args.one[1], args.image_size, warmup, steps)))
         return
-    where = provider()
     batches = args.batches or ("32,64,128,256,512" if where == "CUDAExecutionProvider" else CPU_BATCHES)
     label = "GPU (ONNX Runtime CUDA)" if where == "CUDAExecutionProvider" else \
         "CPU ONLY (ONNX Runtime CPU provider; no GPU on this machine)"
     lines = [f"{results.machine()}. {label}.", "",
              f"`python benchmarks/train_bench.py` (part of `make bench`): the seed CNN on {args.image_size}x"
-             f"{args.image_size}x3 images, AdamW, cross-entropy; milliseconds per step, mean of {args.steps} steps "
-             "after one warm-up step, each configuration in its own process; mixed = float16 with dynamic loss "
-             "scaling. Peak is the process's resident set (host memory).", ""]
+             f"{args.image_size}x3 images, AdamW, cross-entropy; milliseconds per step, mean of {steps} steps "
+             f"after {warmup} warm-up steps, each configuration in its own process; mixed = float16 with dynamic "
+             "loss scaling. Host MiB is the process's peak resident set; device MiB (CUDA) is the device memory "
+             "the process holds after its steps (NVML), the CUDA context included. float32 runs with each "
+             "framework's default: TF32 convolutions (ONNX Runtime's use_tf32, PyTorch's cudnn.allow_tf32); "
+             "cuDNN picks its algorithms by measuring in both (ONNX Runtime's exhaustive search, PyTorch's "
+             "cudnn.benchmark).", ""]
     if where != "CUDAExecutionProvider":
         lines += ["These are CPU figures: ONNX Runtime's CPU provider has few float16 kernels and computes most "
                   "float16 nodes in float32 with casts around them, so 'mixed' measures the graph's overhead there, "
                   "not Tensor Core speed. The targets (mixed >= 1.5x float32 at batch 256, within 1.25x of PyTorch "
                   "AMP) need a GPU; PyTorch is timed only on CUDA.", ""]
-    lines += ["| batch | float32 ms | mixed ms | mixed speed-up | float32 peak MiB | mixed peak MiB | skipped | "
-              "PyTorch float32 ms | PyTorch AMP ms |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| batch | float32 ms | mixed ms | mixed speed-up | float32 host / device MiB | mixed host / device MiB "
+              "| skipped | PyTorch float32 ms | PyTorch AMP ms | PyTorch AMP device MiB | mixed / PyTorch AMP time |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for batch in (int(b) for b in batches.split(",")):
         row = {}
         for precision in ("float32", "float16"):
             for backend in ("onnx", "torch"):
                 command = [sys.executable, __file__, "--one", str(batch), precision, "--image-size",
-                           str(args.image_size), "--steps", str(args.steps), *(["--torch"] if backend == "torch"
-                                                                                 else [])]
-                row[backend, precision] = results.child(command)
-        fp32, mixed = row["onnx", "float32"], row["onnx", "float16"]
+                           str(args.image_size), "--warmup", str(warmup), "--steps", str(steps),
+                           *(["--torch"] if backend == "torch" else [])]
+                row[backend, precision] = results.child(command, timeout=CHILD_TIMEOUT)
+        fp32, mixed, amp = row["onnx", "float32"], row["onnx", "float16"], row["torch", "float16"]
 
         def ms(r):
-            return f"{r['ms']:.0f}" if r and "ms" in r else ("-" if not r else r.get("error", "-")[:60])
+            return f"{r['ms']:.1f}" if r and "ms" in r else ("-" if not r else r.get("error", "-")[:60])
 
-        speedup = f"{fp32['ms'] / mixed['ms']:.2f}x" if "ms" in fp32 and "ms" in mixed else "-"
-        lines.append(f"| {batch} | {ms(fp32)} | {ms(mixed)} | {speedup} | {fp32.get('peak_mib', 0):.0f} | "
-                     f"{mixed.get('peak_mib', 0):.0f} | {mixed.get('skipped', '-')} | "
-                     f"{ms(row['torch', 'float32'])} | {ms(row['torch', 'float16'])} |")
+        def mib(r):
+            host = f"{r['peak_mib']:.0f}" if r and "peak_mib" in r else "-"
+            return f"{host} / {r['device_mib']:.0f}" if r and r.get("device_mib") is not None else host
+
+        def ratio(slow, fast):
+            return f"{slow['ms'] / fast['ms']:.2f}x" if slow and fast and "ms" in slow and "ms" in fast else "-"
+
+        amp_mib = f"{amp['device_mib']:.0f}" if amp and amp.get("device_mib") is not None else "-"
+        lines.append(f"| {batch} | {ms(fp32)} | {ms(mixed)} | {ratio(fp32, mixed)} | {mib(fp32)} | {mib(mixed)} | "
+                     f"{mixed.get('skipped', '-')} | {ms(row['torch', 'float32'])} | {ms(amp)} | {amp_mib} | "
+                     f"{ratio(mixed, amp)} |")
         print(lines[-1], flush=True)
     results.write(sections={SECTION: lines})
+    if args.out:
+        args.out.write_text("\n".join([f"## {SECTION}", "", *lines]) + "\n")
 
 
 if __name__ == "__main__":

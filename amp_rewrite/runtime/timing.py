@@ -137,13 +137,13 @@ def _start(entry: Timed, provider: str, device: str, warmup: int, profile_prefix
     """A session with its bound samples, warmed up, and the device memory that took (or None)."""
     _name_nodes(entry.model)
     device_id = int((entry.provider_options or {}).get("device_id", 0))
-    before = _device_memory(device, device_id)
+    before = device_memory(device, device_id)
     session = instrument.session(entry.model, entry.base_dir, provider, optimize="all",
                                  provider_options=entry.provider_options, profile_prefix=profile_prefix)
     bound = [_bind(session, sample, device, device_id) for sample in entry.data]
     for run in range(warmup):
         session.run_with_iobinding(bound[run % len(bound)])
-    after = _device_memory(device, device_id)
+    after = device_memory(device, device_id)
     return session, bound, None if before is None or after is None else after - before
 
 
@@ -236,7 +236,7 @@ def default_provider() -> str:
     """CUDA where this onnxruntime has it and NVML sees a GPU, else the CPU provider."""
     import onnxruntime as ort
 
-    if "CUDAExecutionProvider" in ort.get_available_providers() and _device_memory("cuda", 0) is not None:
+    if "CUDAExecutionProvider" in ort.get_available_providers() and device_memory("cuda", 0) is not None:
         return "CUDAExecutionProvider"
     return "CPUExecutionProvider"
 
@@ -249,7 +249,7 @@ def _nvml():
     return nvml if nvml.nvmlInit_v2() == 0 else None
 
 
-def _device_memory(device: str, device_id: int) -> int | None:
+def device_memory(device: str, device_id: int) -> int | None:
     """Bytes in use on an NVIDIA device (by every process), or None where NVML cannot say."""
     nvml = _nvml() if device == "cuda" else None
     if nvml is None:

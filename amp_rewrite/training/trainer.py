@@ -76,14 +76,20 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, batch: Mapping[str, np.ndarray]) -> StepResult:
-        """One training step on ``batch`` (arrays keyed by the step's data inputs)."""
+        """One training step on ``batch`` (arrays keyed by the step's data inputs; an input given
+        as an ``onnxruntime.OrtValue``, from ``device_batch``, is read where it lies, uncopied)."""
+        import onnxruntime as ort
+
         missing = [name for name in self.spec.data if name not in batch]
         if missing:
             raise UserError(f"the batch lacks {', '.join(missing)}")
         current, following = self._buffers
         binding = self.session.io_binding()
         for name in self.spec.data:
-            binding.bind_cpu_input(name, np.asarray(batch[name], order="C"))
+            if isinstance(batch[name], ort.OrtValue):
+                binding.bind_ortvalue_input(name, batch[name])
+            else:
+                binding.bind_cpu_input(name, np.asarray(batch[name], order="C"))
         binding.bind_cpu_input(self.spec.lr, np.array(self.lr, np.float32))
         binding.bind_cpu_input(self.spec.weight_decay, np.array(self.weight_decay, np.float32))
         for carried in self.spec.carried:
@@ -101,6 +107,11 @@ class Trainer:
             print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
                   f"{self.scale:g}); if the forward itself makes NaN, loss scaling cannot help", file=sys.stderr)
         return StepResult(float(loss), self.scale, skipped)
+
+    def device_batch(self, batch: Mapping[str, np.ndarray]) -> dict:
+        """``batch`` copied to the step's device once, for steps that reuse it (a benchmark, data
+        that fits on the device)."""
+        return {name: self._device_value(array) for name, array in batch.items()}
 
     def value(self, name: str) -> np.ndarray:
         """The current value of a carried input (a weight, an optimizer state, the scale)."""

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU measurements of issues 8 and 10 in one lease of a lent GPU machine (../shared/gpu/README.md).
+# Run from the repository root there, with onnxruntime-gpu brought over in parts (.ortgpu1/ with the
+# first part and onnxconverter-common's wheel, .ortgpu2/ with the second; each carried by its call):
+#
+#   benchmarks/device_session.sh prepare   # first call: keeps the first part; makes and converts the
+#                                          # benchmark models on the CPU (gpu_bench --prepare-only)
+#   benchmarks/device_session.sh train     # last part: assembles and unpacks onnxruntime-gpu, checks that
+#                                          # the CUDA provider runs, times the training steps (train_bench)
+#   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
+#
+# Each stage leaves its results in /tmp/res and packs them into $OUT/results.tgz. The machine keeps /tmp
+# only while it stays warm, so the calls go back to back.
+set -u
+stage=$1
+res=/tmp/res
+mkdir -p /tmp/parts "$res"
+pack() { tar czf "$OUT/results.tgz" -C "$res" . 2>/dev/null; }
+export PYTHONUNBUFFERED=1
+
+cp .ortgpu*/part.* /tmp/parts/ 2>/dev/null
+ls -la /tmp/parts
+if [ -n "$(ls .ortgpu*/*.whl 2>/dev/null)" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ortgpu*/*.whl
+fi
+
+# CUDA 13 libraries from the nvidia pip packages that PyTorch brings
+LD_LIBRARY_PATH=$(python3 -c '
+import glob, os, sys
+found = {os.path.dirname(f) for p in sys.path if p for f in glob.glob(os.path.join(p, "nvidia", "**", "lib*.so*"), recursive=True)}
+print(":".join(sorted(found)))'):${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH
+if [ -d /tmp/ortgpu/onnxruntime ]; then
+  export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD
+else
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+
+case $stage in
+prepare)
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$res/gpu.txt"
+  python3 -c 'import onnx, onnxruntime, numpy, torch; print("onnx", onnx.__version__, "onnxruntime", onnxruntime.__version__, "numpy", numpy.__version__, "torch", torch.__version__)' | tee -a "$res/gpu.txt"
+  timeout 150 python3 benchmarks/gpu_bench.py --prepare-only --jobs 16 --work /tmp/gpuwork --out "$res/gpu" 2>&1 \
+    | grep -v -i "warn" | tee "$res/prepare.log" | tail -20
+  du -sh /tmp/gpuwork
+  ;;
+train)
+  cat /tmp/parts/part.* > /tmp/ort.tar.xz && sha256sum /tmp/ort.tar.xz | tee -a "$res/gpu.txt"
+  mkdir -p /tmp/ortgpu && tar -xJf /tmp/ort.tar.xz -C /tmp/ortgpu && export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD
+  python3 - <<'EOF' 2>&1 | tee -a "$res/gpu.txt"
+import numpy as np, onnx, onnxruntime as ort
+from onnx import TensorProto, helper
+print(ort.__file__, ort.__version__, ort.get_available_providers())
+graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "smoke",
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [64, 64]) for n in "ab"],
+                          [helper.make_tensor_value_info("c", TensorProto.FLOAT16, [64, 64])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+s = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+a = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float16)
+got = s.run(None, {"a": a, "b": a})[0]
+print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
+EOF
+  timeout 280 python3 benchmarks/train_bench.py --batches 256,32,64,128,512 --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
+  cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
+  ;;
+infer)
+  timeout 240 python3 benchmarks/gpu_bench.py --work /tmp/gpuwork --out "$res/gpu" --jobs 12 --warmup 10 --runs 100 \
+    --deadline 150 2>&1 | grep -v -i "warn" | tail -40
+  pack
+  for k in 0 1 2 3 4 5 6 7; do
+    timeout 100 python3 benchmarks/kernel_check.py --provider CUDAExecutionProvider --shard $k/8 --out "$res/kc$k" \
+      > "$res/kc$k.log" 2>&1 &
+  done
+  wait
+  tail -n 1 "$res"/kc*.log
+  grep -h "^disagree" "$res"/kc*.log
+  ;;
+esac
+pack
+ls -la "$OUT"
