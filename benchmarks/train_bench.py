@@ -38,7 +38,9 @@ from amp_rewrite.runtime.timing import device_memory  # noqa: E402
 from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 
-SECTION = "Training steps (seed CNN)"
+SECTIONS = {"CUDAExecutionProvider": "Training steps on a GPU (seed CNN)", "CPUExecutionProvider":
+            "Training steps (seed CNN)"}
+"""A machine without a GPU rewrites the CPU section and leaves the GPU one as measured."""
 CPU_BATCHES = "32,64"
 """On the CPU, larger batches of 256x256 images take minutes per step."""
 STEPS = {"CUDAExecutionProvider": (2, 10), "CPUExecutionProvider": (1, 3)}
@@ -70,14 +72,14 @@ def _device_mib(before: int | None) -> float | None:
     return None if now is None or before is None else (now - before) / 2**20
 
 
-def one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict:
+def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str = "train") -> dict:
     from amp_rewrite.training import build
     from amp_rewrite.training.trainer import Trainer
 
     before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
-                 precision=precision)
+                 precision=precision, batchnorm=batchnorm)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
     where = provider()
     trainer = Trainer(step, provider=where, lr=1e-3, emulate=False)
@@ -93,7 +95,8 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int) ->
             / 1024, "device_mib": _device_mib(before), "provider": where}
 
 
-def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict | None:
+def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str = "train") \
+        -> dict | None:
     """The same network in PyTorch (autocast + GradScaler for mixed), on CUDA only."""
     try:
         import torch
@@ -139,6 +142,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="timed steps (default: 10 on CUDA, 3 on the CPU)")
     parser.add_argument("--warmup", type=int, help="steps before the timed ones (default: 2 on CUDA, 1 on the CPU)")
     parser.add_argument("--out", type=Path, help="also write the section to this file")
+    parser.add_argument("--batchnorm", choices=["train", "freeze"], default="train",
+                        help="freeze: the ONNX steps keep BatchNormalization's running statistics (a diagnosis of "
+                             "what batch statistics cost; PyTorch still trains them); not written to RESULTS.md")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
     parser.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -146,7 +152,7 @@ def main() -> None:
     warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
     if args.one:
         run = torch_one if args.torch else one
-        print(json.dumps(run(int(args.one[0]), args.one[1], args.image_size, warmup, steps)))
+        print(json.dumps(run(int(args.one[0]), args.one[1], args.image_size, warmup, steps, args.batchnorm)))
         return
     batches = args.batches or ("32,64,128,256,512" if where == "CUDAExecutionProvider" else CPU_BATCHES)
     label = "GPU (ONNX Runtime CUDA)" if where == "CUDAExecutionProvider" else \
@@ -168,12 +174,14 @@ def main() -> None:
     lines += ["| batch | float32 ms | mixed ms | mixed speed-up | float32 host / device MiB | mixed host / device MiB "
               "| skipped | PyTorch float32 ms | PyTorch AMP ms | PyTorch AMP device MiB | mixed / PyTorch AMP time |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = {}
     for batch in (int(b) for b in batches.split(",")):
         row = {}
         for precision in ("float32", "float16"):
             for backend in ("onnx", "torch"):
                 command = [sys.executable, __file__, "--one", str(batch), precision, "--image-size",
                            str(args.image_size), "--warmup", str(warmup), "--steps", str(steps),
+                           "--batchnorm", args.batchnorm,
                            *(["--torch"] if backend == "torch" else [])]
                 row[backend, precision] = results.child(command, timeout=CHILD_TIMEOUT)
         fp32, mixed, amp = row["onnx", "float32"], row["onnx", "float16"], row["torch", "float16"]
@@ -189,13 +197,15 @@ def main() -> None:
             return f"{slow['ms'] / fast['ms']:.2f}x" if slow and fast and "ms" in slow and "ms" in fast else "-"
 
         amp_mib = f"{amp['device_mib']:.0f}" if amp and amp.get("device_mib") is not None else "-"
-        lines.append(f"| {batch} | {ms(fp32)} | {ms(mixed)} | {ratio(fp32, mixed)} | {mib(fp32)} | {mib(mixed)} | "
-                     f"{mixed.get('skipped', '-')} | {ms(row['torch', 'float32'])} | {ms(amp)} | {amp_mib} | "
-                     f"{ratio(mixed, amp)} |")
-        print(lines[-1], flush=True)
-    results.write(sections={SECTION: lines})
+        rows[batch] = (f"| {batch} | {ms(fp32)} | {ms(mixed)} | {ratio(fp32, mixed)} | {mib(fp32)} | {mib(mixed)} | "
+                       f"{mixed.get('skipped', '-')} | {ms(row['torch', 'float32'])} | {ms(amp)} | {amp_mib} | "
+                       f"{ratio(mixed, amp)} |")
+        print(rows[batch], flush=True)
+    lines += [rows[b] for b in sorted(rows)]
+    if args.batchnorm == "train":
+        results.write(sections={SECTIONS[where]: lines})
     if args.out:
-        args.out.write_text("\n".join([f"## {SECTION}", "", *lines]) + "\n")
+        args.out.write_text("\n".join([f"## {SECTIONS[where]}", "", *lines]) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from amp_rewrite.ir.ort_schemas import ort_schema
 from amp_rewrite.policy import oplists
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.policy.kernels import kernel_table
+from tests import helpers
 
 # Default-domain ops that touch float tensors but are deliberately absent from the lists.
 UNLISTED = {
@@ -126,6 +127,19 @@ def test_cuda_table_lookups_follow_opset_ranges_and_type_constraints() -> None:
     assert not table.supports("", "LayerNormalization", 17, "float16", frozenset({"U"}))
     assert not table.supports("", "Range", 11, "float16", frozenset({"T"}))
     assert not table.supports("", "NoSuchOp", 17, "float16", frozenset({"T"}))
+
+
+def test_a_function_without_a_kernel_has_one_where_every_op_of_its_inlined_body_has() -> None:
+    """ONNX Runtime inlines Swish (opset 24) into Sigmoid and Mul: kernel_check saw it run in float16
+    on CUDA, where both have float16 kernels, and through inserted casts on the CPU, where Sigmoid has none."""
+    cuda, cpu = kernel_table("CUDAExecutionProvider"), kernel_table("CPUExecutionProvider")
+    assert cuda.supports("", "Swish", 24, "float16", frozenset({"T"}))
+    assert cuda.supports("", "Mish", 22, "bfloat16", frozenset({"T"}))
+    assert not cpu.supports("", "Swish", 24, "float16", frozenset({"T"}))
+    converted, _ = amp_rewrite.convert(helpers.model(
+        "(float[4,8] x, float[8,8] w) => (float[4,8] y) { [mm] h = MatMul(x, w)\n [swish] y = Swish(h) }", opset=24),
+        options=amp_rewrite.ConvertOptions(provider="CUDAExecutionProvider"))
+    assert helpers.colors(converted) == {"mm": "low", "swish": "low"}
 
 
 def test_cpu_table_is_available_whichever_onnxruntime_is_installed() -> None:

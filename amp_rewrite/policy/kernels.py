@@ -26,10 +26,14 @@ BUNDLED = {
     "CPUExecutionProvider": "cpu-1.31.1.json",
 }
 PROVIDERS = tuple(BUNDLED)
-INLINED = {("", "CastLike"): ("", "Cast")}
-"""ONNX functions that no provider registers a kernel for: ONNX Runtime inlines them into the op
-named here (same type constraint names), whose kernels run them. CastLike is a Cast to the second
-input's type; benchmarks/kernel_check.py saw it run in float16 on the CPU with no inserted cast."""
+INLINED = {("", "CastLike"): (("", "Cast"),),
+           ("", "Swish"): (("", "Sigmoid"), ("", "Mul")),
+           ("", "Mish"): (("", "Softplus"), ("", "Tanh"), ("", "Mul"))}
+"""ONNX functions that a provider registers no kernel for: ONNX Runtime inlines their function
+body, whose ops (named here, with the same type constraint names) run them, so the function has
+a kernel for a type where every op of its body has one. benchmarks/kernel_check.py saw CastLike
+run as a Cast in float16 on the CPU, and Swish (opset 24) and Mish (opset 22) run their bodies in
+float16 on CUDA with no inserted cast (onnxruntime-gpu 1.31.1, H100, 2026-11-26)."""
 
 REFUSED_ATTRIBUTES: dict[str, dict[tuple[str, str], tuple[str, frozenset[str], frozenset[str]]]] = {
     "CPUExecutionProvider": {
@@ -71,7 +75,9 @@ class KernelTable:
     def supports(self, domain: str, op: str, opset: int, type_name: str, params: frozenset[str]) -> bool:
         """True if a kernel covers ``opset`` with ``type_name`` (e.g. "float16") for ``params``."""
         key = (_domain(domain), op)
-        for entry in self._by_op.get(key) or self._by_op.get(INLINED.get(key, key), ()):
+        if key not in self._by_op and key in INLINED:
+            return all(self.supports(*body_op, opset, type_name, params) for body_op in INLINED[key])
+        for entry in self._by_op.get(key, ()):
             if entry.since <= opset and (entry.until is None or opset <= entry.until):
                 if "any" in entry.types:
                     return True
