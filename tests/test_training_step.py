@@ -80,6 +80,18 @@ def test_float32_steps_match_pytorch_semantics(opt):
     assert trainer.value("step") == 3
 
 
+def test_a_batch_put_on_the_device_once_trains_as_the_same_batch_given_each_step():
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float32",
+                 loss_scale="none")
+    given, placed = Trainer(step, lr=0.1), Trainer(step, lr=0.1)
+    batch = _batch()
+    on_device = placed.device_batch(batch)
+    for _ in range(3):
+        assert placed.step(on_device).loss == given.step(batch).loss
+    assert np.array_equal(placed.value("w1"), given.value("w1"))
+    assert not np.array_equal(placed.value("w1"), step.initial["w1"])
+
+
 def test_inf_gradient_skips_the_step_and_halves_the_scale():
     step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float16")
     trainer = Trainer(step, lr=0.01)
@@ -140,6 +152,51 @@ def test_batchnorm_trains_on_batch_statistics_and_updates_running_ones():
     batch_mean, batch_var = conv.mean(axis=(0, 2, 3)), conv.var(axis=(0, 2, 3), ddof=1)
     np.testing.assert_allclose(trainer.value("mean"), 0.2 * batch_mean, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(trainer.value("var"), 0.8 + 0.2 * batch_var, rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_on_batch_statistics_has_the_loss_and_gradients_of_a_float64_reference():
+    """The first SGD step's update (its buffer is the gradient) against central differences of
+    train-mode BatchNormalization (biased batch variance) and the loss, in float64."""
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+                 loss_scale="none")
+    rng = np.random.default_rng(5)
+    x = rng.normal(1.0, 2.0, (6, 2, 4, 4)).astype(np.float32)
+    labels = np.array([0, 1, 2, 0, 1, 2])
+    conv = ort_conv(x, step.initial["w"]).astype(np.float64)
+
+    def loss(gamma: np.ndarray, beta: np.ndarray) -> float:
+        mean, var = conv.mean(axis=(0, 2, 3), keepdims=True), conv.var(axis=(0, 2, 3), keepdims=True)
+        normed = (conv - mean) / np.sqrt(var + 1e-5) * gamma[None, :, None, None] + beta[None, :, None, None]
+        logits = np.maximum(normed, 0).mean(axis=(2, 3))
+        shifted = logits - logits.max(1, keepdims=True)
+        return float(np.mean(np.log(np.exp(shifted).sum(1)) - shifted[np.arange(6), labels]))
+
+    gamma, beta = (step.initial[k].astype(np.float64) for k in ("gamma", "beta"))
+    trainer = Trainer(step, lr=1.0)
+    result = trainer.step({"x": x, "labels": labels.astype(np.int64)})
+    assert result.loss == pytest.approx(loss(gamma, beta), rel=1e-5)
+    h = 1e-6
+    for name, value in (("gamma", gamma), ("beta", beta)):
+        wanted = []
+        for i in range(3):
+            step_i = np.eye(3)[i] * h
+            moved = {"gamma": gamma, "beta": beta, name: value + step_i}, {"gamma": gamma, "beta": beta,
+                                                                        name: value - step_i}
+            wanted.append((loss(**moved[0]) - loss(**moved[1])) / (2 * h))
+        np.testing.assert_allclose(value - trainer.value(name), wanted, rtol=1e-3, atol=1e-6, err_msg=name)
+
+
+def test_batch_statistics_divide_and_negate_per_channel_not_per_element():
+    """The per-channel factor gamma/std scales the centred input once, ReduceMean's gradient is
+    divided before it is broadcast and Sub's is negated once summed: no Div or Neg over the
+    activation (there were six for one BatchNormalization)."""
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+                 loss_scale="none")
+    inferred = onnx.shape_inference.infer_shapes(step.model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}
+    per_element = [n.op_type for n in step.model.graph.node if shapes.get(n.output[0], [])[1:] == [3, 4, 4]]
+    assert "Mul" in per_element and "Sub" in per_element
+    assert not {"Div", "Neg"} & set(per_element)
 
 
 def test_frozen_batchnorm_carries_no_statistics():

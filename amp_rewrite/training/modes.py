@@ -61,9 +61,9 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
         centred = step.op("Sub", x, batch_mean)
         batch_var = step.axes_op("ReduceMean", step.op("Mul", centred, centred), axes, keepdims=1)
         std = step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x)))
-        gain = step.op("Reshape", scale, step.ints(channel))
+        gain = step.op("Div", step.op("Reshape", scale, step.ints(channel)), std)
         shift = step.op("Reshape", bias, step.ints(channel))
-        step.op("Add", step.op("Mul", step.op("Div", centred, std), gain), shift, outputs=[proto_node.output[0]])
+        step.op("Add", step.op("Mul", centred, gain), shift, outputs=[proto_node.output[0]])
         count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)), to=b.types[x])
         unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=x))))
         for stat, batch_value, role in ((mean, batch_mean, "running_mean"), (var, unbiased, "running_var")):

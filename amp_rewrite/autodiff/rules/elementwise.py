@@ -149,7 +149,7 @@ def _sub(ctx: Context):
     if ctx.wants(0):
         grads[0] = ctx.unbroadcast(ctx.GO(0), ctx.I(0), ctx.O(0))
     if ctx.wants(1):
-        grads[1] = ctx.unbroadcast(ctx.b.op("Neg", ctx.GO(0)), ctx.I(1), ctx.O(0))
+        grads[1] = ctx.b.op("Neg", ctx.unbroadcast(ctx.GO(0), ctx.I(1), ctx.O(0)))  # negated once summed
     return grads
 
 
@@ -167,8 +167,8 @@ def _div(ctx: Context):
     over = b.op("Div", ctx.GO(0), ctx.I(1))
     if ctx.wants(0):
         grads[0] = ctx.unbroadcast(over, ctx.I(0), y)
-    if ctx.wants(1):  # d(a/b)/db = -(a/b)/b
-        grads[1] = ctx.unbroadcast(b.op("Neg", b.op("Mul", over, y)), ctx.I(1), y)
+    if ctx.wants(1):  # d(a/b)/db = -(a/b)/b, negated once summed
+        grads[1] = b.op("Neg", ctx.unbroadcast(b.op("Mul", over, y), ctx.I(1), y))
     return grads
 
 

@@ -61,7 +61,8 @@ def _reduce_sum(ctx: Context):
 @register("ReduceMean")
 def _reduce_mean(ctx: Context):
     b = ctx.b
-    return {0: b.op("Div", expand_back(ctx, ctx.GO(0), "ReduceMean"), _reduced_count(ctx, "ReduceMean"))}
+    # Divided before it is broadcast: one division per output element, not per input element.
+    return {0: expand_back(ctx, b.op("Div", ctx.GO(0), _reduced_count(ctx, "ReduceMean")), "ReduceMean")}
 
 
 @register("ReduceMax", "ReduceMin")
