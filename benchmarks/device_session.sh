@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements of issues 8 and 10 in one lease of a lent GPU machine (../shared/gpu/README.md).
 # Run from the repository root there, with onnxruntime-gpu brought over in parts (.ortgpu1/ with the
-# first part and onnxconverter-common's wheel, .ortgpu2/ with the second; each carried by its call):
+# first part and onnxconverter-common's wheel, .ortgpu2/ with the second, both made here beforehand by
+# `python benchmarks/pack_ortgpu.py`; each carried by its call):
 #
 #   benchmarks/device_session.sh prepare   # first call: keeps the first part; makes and converts the
 #                                          # benchmark models on the CPU (gpu_bench --prepare-only)
