@@ -608,3 +608,16 @@ def test_a_reshapes_minus_one_takes_the_count_over_the_other_dimensions() -> Non
                "shape": np.array([2, 2, 3], np.int64)})
     assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 3)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_slice_whose_end_a_shape_computes_takes_the_extent_it_gives() -> None:
+    """Rule: x[batch, 1] sliced to Shape(x)[0] - 1 rows is [batch - 1, 1] (inference gives up on
+    both axes of a Slice whose ends are not constant), reshaped to [2]: batch = 3 (found by
+    fuzzing: batch = 1 left no rows, and the range check was NOT RUN)."""
+    m = model("""(float[batch,1] x) => (float[2] y) { rows = Shape <start: int = 0, end: int = 1> (x)
+                                                     last = Sub(rows, one)
+                                                     s = Slice(x, zero, last, zero)
+                                                     [r1] y = Reshape(s, shape) }""",
+              {"one": np.array([1], np.int64), "zero": np.array([0], np.int64), "shape": np.array([2], np.int64)})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 1)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

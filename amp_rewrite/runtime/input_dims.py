@@ -9,7 +9,8 @@ graph (If and Loop bodies included); a Loop-carried output it leaves without a s
 its initial value's, and inference runs again from there. A dimension is a fixed extent or a
 name times a scale plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its
 axes input too, which inference does not follow), Slice with constant starts and ends
-(``[1:]`` is ``batch - 1``), and Concat of a named extent with fixed ones or with itself give
+(``[1:]`` is ``batch - 1``) or ends computed from a Shape (``x[:Shape(x)[0] - 1]``, where
+inference gives up on every axis), and Concat of a named extent with fixed ones or with itself give
 such sums, and a fresh name that inference gave in their place stands for them wherever it
 reaches.
 Then, until nothing new is learnt:
@@ -486,26 +487,77 @@ def _gather(rules: _Rules, node: Node) -> None:
 
 
 def _slice(rules: _Rules, node: Node) -> None:
-    data, starts, ends = rules.shape(node.inputs[0]), _ints(rules, node, 1, "starts"), _ints(rules, node, 2, "ends")
+    """The sliced axes' extents; the others keep the input's (where ends computed from a Shape
+    made inference give up on every axis)."""
+    data, starts, ends = rules.shape(node.inputs[0]), _bounds(rules, node, 1, "starts"), _bounds(rules, node, 2, "ends")
     if data is None or starts is None or ends is None or len(starts) != len(ends):
         return
     axes = _ints(rules, node, 3, "axes", default=range(len(starts)))
     steps = _ints(rules, node, 4, default=[1] * len(starts))
     if axes is None or steps is None or not len(axes) == len(steps) == len(starts):
         return
-    dims = [None] * len(data)
+    dims = list(data)
     for axis, start, end, step in zip(axes, starts, ends, steps):
         if not -len(dims) <= axis < len(dims):
             return
-        dims[axis] = _sliced(data[axis], int(start), int(end), int(step))
+        dims[axis] = _sliced(data[axis], start, end, int(step))
     rules.derive(node.outputs[0], dims)
 
 
-def _sliced(dim: Dim, start: int, end: int, step: int) -> Dim:
+def _bounds(rules: _Rules, node: Node, position: int, attribute: str) -> Sequence[Dim] | None:
+    """Slice's starts or ends: constants (input or attribute), or dimensions computed from a Shape."""
+    if position < len(node.inputs) and node.inputs[position] is not None:
+        return _shape_value(rules, node.inputs[position])
+    return _ints(rules, node, position, attribute)
+
+
+def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
+    """The elements of a small int tensor as dimensions: a constant's, or those a Shape gives
+    (its start and end), through Identity, Cast, Squeeze, Unsqueeze, Concat, Gather of constant
+    indices, and Add or Sub of a constant (``Shape(x)[0] - 1`` is ``batch - 1``)."""
+    constant = rules.constant(key)
+    if constant is not None:
+        return [int(v) for v in constant]
+    node = rules.index.producer_node(rules.index.values[key]) if key is not None else None
+    if node is None or node.domain != "":
+        return None
+    op = node.op_type
+    if op == "Shape":
+        shape = rules.shape(node.inputs[0])
+        bounds = {a.name: a.i for a in node.proto.attribute}
+        return None if shape is None else list(shape[bounds.get("start", 0):bounds.get("end", len(shape))])
+    if op in ("Identity", "Cast", "Squeeze", "Unsqueeze"):
+        return _shape_value(rules, node.inputs[0])
+    parts = [_shape_value(rules, k) for k in node.inputs]
+    if any(p is None for p in parts):
+        return None
+    if op == "Concat":
+        return [d for p in parts for d in p]
+    if op == "Gather" and len(parts) == 2 and not any(a.name == "axis" and a.i for a in node.proto.attribute):
+        data, indices = parts
+        return [data[i] for i in indices] if all(-len(data) <= i < len(data) for i in indices) else None
+    if op in ("Add", "Sub") and len(parts) == 2:
+        left, right = (p * len(parts[1 - i]) if len(p) == 1 else p for i, p in enumerate(parts))
+        if len(left) != len(right):
+            return None
+        if op == "Sub":  # only constants are subtracted: a name's negative is no dimension
+            if not all(isinstance(d, int) for d in right):
+                return None
+            right = [-d for d in right]
+        return [_sum([a, b]) for a, b in zip(left, right)]
+    return None
+
+
+def _sliced(dim: Dim, start: Dim, end: Dim, step: int) -> Dim:
     """The extent of ``dim[start:end:step]``: exact for a fixed one; for a named one (step 1),
     ``name - start`` from a start counted from the beginning to the end, ``name - start - k``
-    to an end k back from it, and where both ends count from the same side (``[0:2]``,
-    ``[-2:]``) the slice taken as fitting in the axis."""
+    to an end k back from it (``-k``, or ``name - k`` computed from a Shape), and where both
+    ends count from the same side (``[0:2]``, ``[-2:]``) the slice taken as fitting in the axis."""
+    if isinstance(end, Sym) and isinstance(dim, Sym) and (end.name, end.scale) == (dim.name, dim.scale):
+        back_by = end.offset - dim.offset  # the end as counted from the axis' end
+        end = TO_THE_END if back_by >= 0 else back_by
+    if not isinstance(start, int) or not isinstance(end, int):
+        return None
     if isinstance(dim, int):
         return len(range(dim)[start:end:step]) if step else None
     if not isinstance(dim, Sym) or step != 1:
