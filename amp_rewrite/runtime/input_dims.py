@@ -511,6 +511,10 @@ def _bounds(rules: _Rules, node: Node, position: int, attribute: str) -> Sequenc
     return _ints(rules, node, position, attribute)
 
 
+SHAPE_ARITHMETIC = frozenset({"Shape", "Identity", "Cast", "Squeeze", "Unsqueeze", "Concat", "Gather", "Add", "Sub"})
+"""The ops through which ``_shape_value`` follows a tensor of dimensions back to a Shape."""
+
+
 def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
     """The elements of a small int tensor as dimensions: a constant's, or those a Shape gives
     (its start and end), through Identity, Cast, Squeeze, Unsqueeze, Concat, Gather of constant
@@ -519,7 +523,7 @@ def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
     if constant is not None:
         return [int(v) for v in constant]
     node = rules.index.producer_node(rules.index.values[key]) if key is not None else None
-    if node is None or node.domain != "":
+    if node is None or node.domain != "" or node.op_type not in SHAPE_ARITHMETIC:
         return None
     op = node.op_type
     if op == "Shape":
@@ -535,7 +539,8 @@ def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
         return [d for p in parts for d in p]
     if op == "Gather" and len(parts) == 2 and not any(a.name == "axis" and a.i for a in node.proto.attribute):
         data, indices = parts
-        return [data[i] for i in indices] if all(-len(data) <= i < len(data) for i in indices) else None
+        inside = all(isinstance(i, int) and -len(data) <= i < len(data) for i in indices)
+        return [data[i] for i in indices] if inside else None
     if op in ("Add", "Sub") and len(parts) == 2:
         left, right = (p * len(parts[1 - i]) if len(p) == 1 else p for i, p in enumerate(parts))
         if len(left) != len(right):
