@@ -61,6 +61,7 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
         centred = step.op("Sub", x, batch_mean)
         batch_var = step.axes_op("ReduceMean", step.op("Mul", centred, centred), axes, keepdims=1)
         std = step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x)))
+        # gamma / std per channel, then one product over the activation (not a division and a product)
         gain = step.op("Div", step.op("Reshape", scale, step.ints(channel)), std)
         shift = step.op("Reshape", bias, step.ints(channel))
         step.op("Add", step.op("Mul", centred, gain), shift, outputs=[proto_node.output[0]])
