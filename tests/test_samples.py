@@ -621,3 +621,16 @@ def test_a_slice_whose_end_a_shape_computes_takes_the_extent_it_gives() -> None:
               {"one": np.array([1], np.int64), "zero": np.array([0], np.int64), "shape": np.array([2], np.int64)})
     assert _dims(m)[0] == ("batch=3 (from Reshape 'r1')", {"x": (3, 1)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_reshape_counts_back_through_a_gather_without_the_axis_it_picks() -> None:
+    """Rule: x[batch, seq, ?] reshaped to [0, -1] (a fresh name for seq x ?), row 0 gathered,
+    reshaped to [2, 3]: seq x ? = 6, batch free (found by fuzzing: the fresh name bound nothing,
+    and the range check was NOT RUN)."""
+    m = model("""(float[batch,seq,d] x) => (float[2,3] y) { f = Reshape(x, keep)
+                                                           g = Gather(f, first)
+                                                           [r1] y = Reshape(g, shape) }""",
+              {"keep": np.array([0, -1], np.int64), "first": np.array([0], np.int64),
+               "shape": np.array([2, 3], np.int64)})
+    assert _dims(m)[0] == ("batch=8, seq=1 (from Reshape 'r1', guessed), d=6 (from Reshape 'r1')", {"x": (8, 1, 6)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -20,8 +20,9 @@ Then, until nothing new is learnt:
   constant trip count M stacks M of each scan output;
 - Reshape to a constant shape without -1: the element counts agree (with the tensor it
   reshapes, and with those that Reshapes before it reshaped, through nodes that keep the
-  shape, Loops that carry a value at its initial shape, and MatMuls, whose fixed extents K
-  and N scale the count by K / N), which gives the one input dimension left unknown, offset
+  shape, Loops that carry a value at its initial shape, MatMuls, whose fixed extents K
+  and N scale the count by K / N, and Gathers of constant indices, which leave out the
+  picked axis' dimension), which gives the one input dimension left unknown, offset
   or repeated too (``(batch + 1) x batch = 12``); with -1, the count is a multiple of the
   fixed extents, and the -1 is the count over the others where that is one dimension
   (``[batch, batch]`` to ``[0, -1]`` is ``[batch, batch]``);
@@ -399,13 +400,18 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
     """The shape of ``key`` and those that the Reshapes producing it reshaped, nearest first,
     through nodes whose first input has their output's shape (a Relu between two Reshapes),
-    Loops whose carried value has its initial value's shape, and MatMuls, each with (times,
-    per): it holds ``key``'s count times ``times``, per ``per`` (where a Reshape to [-1] left a
-    fresh name, the one before it has names)."""
+    Loops whose carried value has its initial value's shape, MatMuls, and Gathers of constant
+    indices (the gathered axis' dimension left out of every shape further back, while they
+    hold it), each with (times, per): it holds ``key``'s count times ``times``, per ``per``
+    (where a Reshape to [-1] left a fresh name, the one before it has names)."""
     times = per = 1
+    gathered: list[Dim] = []
     while key is not None:
         shape = rules.shape(key)
         if shape is not None:
+            shape = _leaving_out(shape, gathered)
+            if shape is None:
+                return
             yield shape, times, per
         producer = rules.index.producer_node(rules.index.values[key])
         source = rules.initial(key) or (producer.inputs[0] if producer is not None and producer.inputs else None)
@@ -414,8 +420,33 @@ def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[
             key = source
         elif (contracted := _contracted(rules, producer, shape)) is not None:
             times, per, key = times * contracted[0], per * contracted[1], source
+        elif (picked := _picked(rules, producer)) is not None:
+            gathered.append(picked[0])
+            per, key = per * picked[1], source
         else:
             key = None
+
+
+def _leaving_out(shape: tuple[Dim, ...], dims: Sequence[Dim]) -> tuple[Dim, ...] | None:
+    """``shape`` without one of its dimensions equal to each of ``dims``; None where one is missing."""
+    left = list(shape)
+    for dim in dims:
+        if dim is None or dim not in left:
+            return None
+        left.remove(dim)
+    return tuple(left)
+
+
+def _picked(rules: _Rules, node: Node | None) -> tuple[Dim, int] | None:
+    """For a Gather of constant indices: the dimension of the axis it picks on and how many
+    indices it picks (its output holds its data's count over that dimension, times that many)."""
+    if node is None or node.op_type != "Gather" or node.domain != "" or len(node.inputs) < 2:
+        return None
+    data, indices = rules.shape(node.inputs[0]), rules.constant(node.inputs[1])
+    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
+    if data is None or indices is None or not -len(data) <= axis < len(data):
+        return None
+    return data[axis], int(indices.size)
 
 
 def _contracted(rules: _Rules, node: Node | None, shape: tuple[Dim, ...] | None) -> tuple[int, int] | None:
