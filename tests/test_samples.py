@@ -634,3 +634,15 @@ def test_a_reshape_counts_back_through_a_gather_without_the_axis_it_picks() -> N
                "shape": np.array([2, 3], np.int64)})
     assert _dims(m)[0] == ("batch=8, seq=1 (from Reshape 'r1', guessed), d=6 (from Reshape 'r1')", {"x": (8, 1, 6)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_guess_takes_two_unnamed_dimensions_added_together_as_equal() -> None:
+    """Rule: x[batch, seq, ?] + y[batch, seq, ?] leaves inference a fresh name for the last axis;
+    reshaped to [2, 2], the guess takes it as x's (then y's follows by broadcasting): x[2] = y[2]
+    = 4 (found by fuzzing: the fresh name bound nothing, and the range check was NOT RUN)."""
+    m = model("""(float[batch,seq,?] x, float[batch,seq,?] y) => (float[2,2] z) { s = Add(x, y)
+                                                                                [r1] z = Reshape(s, shape) }""",
+              {"shape": np.array([2, 2], np.int64)})
+    assert _dims(m)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=1 (from Reshape 'r1', guessed), "
+                           "x[2]=4 (from Reshape 'r1'), y[2]=4 (from Add 'Add#0')", {"x": (1, 1, 4), "y": (1, 1, 4)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -38,8 +38,10 @@ are still unbound after that, the rules run again guessing: a count that several
 goes to the last of them that appears once (the one that needs most, below), the others 1
 (marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it), or
 the least their readers need: a Gather of a constant index on the axis (index 2 needs 3), a
-reflect Pad (a pad of 1 needs 2). A Reshape with -1, whose count need only be a multiple,
-guesses last, once every exact count has had its guess.
+reflect Pad (a pad of 1 needs 2); and names broadcast together with no fixed extent among
+them are taken as equal (the fresh name inference gave their result stands for the first).
+A Reshape with -1, whose count need only be a multiple, guesses last, once every exact count
+has had its guess.
 """
 
 from __future__ import annotations
@@ -468,16 +470,20 @@ def _broadcast(rules: _Rules, node: Node) -> None:
     if all(s is not None for s in shapes):
         columns = _aligned(shapes)
         rules.agree(columns, f"{node.op_type} {node.label!r}", broadcast=True)
-        rules.derive(node.outputs[0] if node.outputs else None, [_broadcast_dim(column) for column in columns])
+        rules.derive(node.outputs[0] if node.outputs else None,
+                     [_broadcast_dim(column, bool(rules.guess)) for column in columns])
 
 
-def _broadcast_dim(column: Sequence[Dim]) -> Dim:
+def _broadcast_dim(column: Sequence[Dim], guessing: bool = False) -> Dim:
     """The dimension that broadcasting ``column`` gives: the one that is not 1 where they agree
-    (``batch`` and 1 give ``batch``), else None."""
+    (``batch`` and 1 give ``batch``); when guessing, the first of several names (``x[2]`` and
+    ``y[2]`` added are taken as equal: once one is bound, broadcasting binds the other); else None."""
     wider = set(column) - {1}
     if not wider:
         return 1
-    return next(iter(wider)) if len(wider) == 1 and None not in wider else None
+    if len(wider) == 1 and None not in wider:
+        return next(iter(wider))
+    return next(d for d in column if d != 1) if guessing and all(isinstance(d, Sym) for d in wider) else None
 
 
 def _concat(rules: _Rules, node: Node) -> None:
