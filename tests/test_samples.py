@@ -646,3 +646,16 @@ def test_a_guess_takes_two_unnamed_dimensions_added_together_as_equal() -> None:
     assert _dims(m)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=1 (from Reshape 'r1', guessed), "
                            "x[2]=4 (from Reshape 'r1'), y[2]=4 (from Add 'Add#0')", {"x": (1, 1, 4), "y": (1, 1, 4)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_slice_whose_end_a_sliced_shape_computes_takes_the_extent_it_gives() -> None:
+    """Rule: as above, with the Shape's element taken by a Slice of the Shape ([1:2] is [seq]):
+    x[batch, seq][:, :seq - 1] reshaped to [1] is batch = 1, seq = 2 (found by fuzzing: NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[1] y) { dims = Shape(x)
+                                                       cols = Slice(dims, one, two, zero)
+                                                       last = Sub(cols, one)
+                                                       s = Slice(x, zero, last, one)
+                                                       [r1] y = Reshape(s, one) }""",
+              {"zero": np.array([0], np.int64), "one": np.array([1], np.int64), "two": np.array([2], np.int64)})
+    assert _dims(m)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 2)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

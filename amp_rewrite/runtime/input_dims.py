@@ -548,14 +548,16 @@ def _bounds(rules: _Rules, node: Node, position: int, attribute: str) -> Sequenc
     return _ints(rules, node, position, attribute)
 
 
-SHAPE_ARITHMETIC = frozenset({"Shape", "Identity", "Cast", "Squeeze", "Unsqueeze", "Concat", "Gather", "Add", "Sub"})
+SHAPE_ARITHMETIC = frozenset({"Shape", "Identity", "Cast", "Squeeze", "Unsqueeze", "Concat", "Gather", "Slice", "Add",
+                              "Sub"})
 """The ops through which ``_shape_value`` follows a tensor of dimensions back to a Shape."""
 
 
 def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
     """The elements of a small int tensor as dimensions: a constant's, or those a Shape gives
     (its start and end), through Identity, Cast, Squeeze, Unsqueeze, Concat, Gather of constant
-    indices, and Add or Sub of a constant (``Shape(x)[0] - 1`` is ``batch - 1``)."""
+    indices, Slice of constant bounds, and Add or Sub of a constant (``Shape(x)[0] - 1`` is
+    ``batch - 1``)."""
     constant = rules.constant(key)
     if constant is not None:
         return [int(v) for v in constant]
@@ -578,6 +580,12 @@ def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
         data, indices = parts
         inside = all(isinstance(i, int) and -len(data) <= i < len(data) for i in indices)
         return [data[i] for i in indices] if inside else None
+    if op == "Slice" and len(parts) in (3, 4, 5):  # a 1-D tensor: one axis, 0
+        bounds = [*parts[1:], *([[0], [1]][len(parts) - 3:])]
+        if all(len(b) == 1 and isinstance(b[0], int) for b in bounds) and bounds[2][0] in (0, -1) and bounds[3][0]:
+            (start,), (end,), _, (step,) = bounds
+            return parts[0][start:end:step]
+        return None
     if op in ("Add", "Sub") and len(parts) == 2:
         left, right = (p * len(parts[1 - i]) if len(p) == 1 else p for i, p in enumerate(parts))
         if len(left) != len(right):
