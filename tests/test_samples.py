@@ -659,3 +659,16 @@ def test_a_slice_whose_end_a_sliced_shape_computes_takes_the_extent_it_gives() -
               {"zero": np.array([0], np.int64), "one": np.array([1], np.int64), "two": np.array([2], np.int64)})
     assert _dims(m)[0] == ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 2)})
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_guess_keeps_the_counts_of_every_reshape_that_shares_its_names() -> None:
+    """Rule: x[batch, seq] reshaped to [6] beside y[batch, batch, seq] reshaped to [18]: each
+    count alone guesses batch = 1; together they make batch = 3, seq = 2 (found by fuzzing:
+    NOT RUN)."""
+    m = model("""(float[batch,seq] x, float[batch,batch,seq] y) => (float[6] a, float[18] b) {
+                     [r1] a = Reshape(x, six)
+                     [r2] b = Reshape(y, eighteen) }""",
+              {"six": np.array([6], np.int64), "eighteen": np.array([18], np.int64)})
+    assert _dims(m)[0] == ("batch=3 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')",
+                           {"x": (3, 2), "y": (3, 3, 2)})
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -36,7 +36,9 @@ Then, until nothing new is learnt:
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing: a count that several names share
 goes to the last of them that appears once (the one that needs most, below), the others 1
-(marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it), or
+(marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it; where
+that breaks another count of the same names, a lone other name takes the first extent that
+keeps them all), or
 the least their readers need: a Gather of a constant index on the axis (index 2 needs 3), a
 reflect Pad (a pad of 1 needs 2); and names broadcast together with no fixed extent among
 them are taken as equal (the fresh name inference gave their result stands for the first).
@@ -88,6 +90,8 @@ Dim = int | Sym | None
 """A fixed extent, a named one, or None where nothing is known."""
 MAX_ROUNDS = 4
 """Rounds of the rules over the graph; a binding found late can enable another."""
+MAX_SEARCHED = 4096
+"""The largest extent a guess tries for a name beside the one a count solves for."""
 TO_THE_END = 2**31 - 1
 """A Slice end at least this large reaches the end of any axis (INT32_MAX, INT64_MAX are usual)."""
 
@@ -185,6 +189,10 @@ class _Rules:
         self.least: dict[str, int] = {}
         """The smallest extent each name may take (a Gather of index 2 on its axis needs 3): what
         a guess gives a name at the least."""
+        self.counts: set[tuple[tuple[Dim, ...], tuple[Dim, ...]]] = set()
+        """Every count that two shapes share, of input names and fixed extents: what a guess
+        for one of them must not contradict (x[batch, seq] to [6] beside y[batch, batch, seq]
+        to [18] is batch 3, not the 1 that the first alone would guess)."""
 
     def learnt(self) -> int:
         """How much the rules have found: more after a round that found something."""
@@ -320,6 +328,7 @@ class _Rules:
             return
         if not self.inputs_only(unknown[sides[0]]):
             return
+        self.counts.add((tuple(left), tuple(right)))
         side, factors = sides[0], {}
         for dim in unknown[sides[0]].elements():
             factors.setdefault(dim.name, []).append(dim)
@@ -330,15 +339,40 @@ class _Rules:
         # solve for a name appearing once, the one that needs the most if any: it takes what is left
         *others, last = sorted(factors, key=lambda name: (len(factors[name]) == 1, least[name]))
         # the others at the guess (and their least) where the count allows, else at their least, else 1
-        tries = ({name: max(self.guess, least[name]) for name in others},
-                 {name: least[name] for name in others}, dict.fromkeys(others, 1))
+        tries = [{name: max(self.guess, least[name]) for name in others},
+                 {name: least[name] for name in others}, dict.fromkeys(others, 1)]
+        if len(others) == 1:  # then the other extents the count allows, for one that the other counts allow too
+            tries += [{others[0]: extent} for extent in range(1, min(fixed[1 - side], MAX_SEARCHED) + 1)]
+        chosen = None  # the first guess that keeps every count, else the first that keeps this one
         for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
             rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
             count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
             extent = None if left_over else _solved(factors[last], count)
-            if extent is not None and extent >= least[last]:
-                self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
-                return
+            if extent is None or extent < least[last]:
+                continue
+            keeps = self.consistent({**at, last: extent})
+            if chosen is None or keeps:
+                chosen = at, extent
+            if keeps:
+                break
+        if chosen is not None:
+            self.split([Sym(name) for name in (*others, last)], chosen[1], origin, others=chosen[0])
+
+    def consistent(self, extents: Mapping[str, int]) -> bool:
+        """Whether the names at ``extents`` (and those bound) keep every count the shapes share."""
+        known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
+
+        def count(dims: Sequence[Dim]) -> int | None:
+            sizes = [d if isinstance(d, int) else known.get(d.name) if isinstance(d, Sym) else None for d in dims]
+            if None in sizes:
+                return None
+            return math.prod(d.at(n) if isinstance(d, Sym) else n for d, n in zip(dims, sizes))
+
+        for left, right in self.counts:
+            counted = count(left), count(right)
+            if None not in counted and counted[0] != counted[1]:
+                return False
+        return True
 
 
 def _solved(dims: Sequence[Sym], count: int) -> int | None:
