@@ -363,10 +363,14 @@ class _Rules:
         known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
 
         def count(dims: Sequence[Dim]) -> int | None:
-            sizes = [d if isinstance(d, int) else known.get(d.name) if isinstance(d, Sym) else None for d in dims]
-            if None in sizes:
-                return None
-            return math.prod(d.at(n) if isinstance(d, Sym) else n for d, n in zip(dims, sizes))
+            total = 1
+            for dim in dims:
+                if isinstance(dim, Sym) and dim.name in known:
+                    dim = dim.at(known[dim.name])
+                if not isinstance(dim, int):
+                    return None
+                total *= dim
+            return total
 
         for left, right in self.counts:
             counted = count(left), count(right)
@@ -458,7 +462,7 @@ def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[
             times, per, key = times * contracted[0], per * contracted[1], source
         elif (picked := _picked(rules, producer)) is not None:
             gathered.append(picked[0])
-            per, key = per * picked[1], source
+            per, key = per * int(picked[1].size), source
         else:
             key = None
 
@@ -473,16 +477,16 @@ def _leaving_out(shape: tuple[Dim, ...], dims: Sequence[Dim]) -> tuple[Dim, ...]
     return tuple(left)
 
 
-def _picked(rules: _Rules, node: Node | None) -> tuple[Dim, int] | None:
-    """For a Gather of constant indices: the dimension of the axis it picks on and how many
-    indices it picks (its output holds its data's count over that dimension, times that many)."""
+def _picked(rules: _Rules, node: Node | None) -> tuple[Dim, np.ndarray] | None:
+    """For a Gather of constant indices: the dimension of the axis it picks on, and the indices
+    (its output holds its data's count over that dimension, times as many as there are)."""
     if node is None or node.op_type != "Gather" or node.domain != "" or len(node.inputs) < 2:
         return None
     data, indices = rules.shape(node.inputs[0]), rules.constant(node.inputs[1])
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
     if data is None or indices is None or not -len(data) <= axis < len(data):
         return None
-    return data[axis], int(indices.size)
+    return data[axis], indices
 
 
 def _contracted(rules: _Rules, node: Node | None, shape: tuple[Dim, ...] | None) -> tuple[int, int] | None:
@@ -550,11 +554,9 @@ def _pad(rules: _Rules, node: Node) -> None:
 
 def _gather(rules: _Rules, node: Node) -> None:
     """Constant indices on a named axis need it to hold them: index 2 (or -3) needs 3."""
-    data, indices = rules.shape(node.inputs[0]), rules.constant(node.inputs[1] if len(node.inputs) > 1 else None)
-    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
-    if data is None or indices is None or not indices.size or not -len(data) <= axis < len(data):
-        return
-    rules.at_least(data[axis], max(int(indices.max()) + 1, -int(indices.min())))
+    picked = _picked(rules, node)
+    if picked is not None and picked[1].size:
+        rules.at_least(picked[0], max(int(picked[1].max()) + 1, -int(picked[1].min())))
 
 
 def _slice(rules: _Rules, node: Node) -> None:
