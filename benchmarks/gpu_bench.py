@@ -155,9 +155,14 @@ def prepare(case: Case, provider: str, folder: Path) -> dict:
     return prepared
 
 
+def _named(name: str, quick: bool) -> Case:
+    """A case by name, for a pool's process (a case's builder does not pickle)."""
+    return next(c for c in cases(quick) if c.name == name)
+
+
 def _prepare_named(name: str, quick: bool, provider: str, work: str) -> dict:
-    """``prepare`` in a pool's process, which gets the case by name (its builder does not pickle)."""
-    case = next(c for c in cases(quick) if c.name == name)
+    """``prepare`` in a pool's process."""
+    case = _named(name, quick)
     return prepare(case, provider, _folder(Path(work), case))
 
 
@@ -171,8 +176,7 @@ def run_case(case: Case, prepared: dict, provider: str, folder: Path, warmup: in
 
 def _emulation_named(name: str, quick: bool, provider: str, work: str) -> dict[str, float]:
     """``emulation_ulps`` of a prepared case, in a pool's process, on one generated sample."""
-    case = next(c for c in cases(quick) if c.name == name)
-    folder = _folder(Path(work), case)
+    folder = _folder(Path(work), _named(name, quick))
     prepared = json.loads((folder / "prepared.json").read_text())
     model = onnx.load(folder / "float32.onnx", load_external_data=False)
     sample = samples.generate(model, 1, prepared["shapes"])[0]

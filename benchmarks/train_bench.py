@@ -72,7 +72,7 @@ def _device_mib(before: int | None) -> float | None:
     return None if now is None or before is None else (now - before) / 2**20
 
 
-def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str = "train") -> dict:
+def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str, where: str) -> dict:
     from amp_rewrite.training import build
     from amp_rewrite.training.trainer import Trainer
 
@@ -81,7 +81,6 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
                  precision=precision, batchnorm=batchnorm)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
-    where = provider()
     trainer = Trainer(step, provider=where, lr=1e-3, emulate=False)
     rng = np.random.default_rng(0)
     data = trainer.device_batch({"image": rng.normal(0, 1, (batch, 3, image_size, image_size)).astype(np.float32),
@@ -95,8 +94,7 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
             / 1024, "device_mib": _device_mib(before), "provider": where}
 
 
-def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str = "train") \
-        -> dict | None:
+def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict | None:
     """The same network in PyTorch (autocast + GradScaler for mixed), on CUDA only."""
     try:
         import torch
@@ -148,12 +146,13 @@ def main() -> None:
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
     parser.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:  # a child: the parent passes its warm-up and step counts; PyTorch needs no provider probe
+        batch, precision = int(args.one[0]), args.one[1]
+        print(json.dumps(torch_one(batch, precision, args.image_size, args.warmup, args.steps) if args.torch else
+                         one(batch, precision, args.image_size, args.warmup, args.steps, args.batchnorm, provider())))
+        return
     where = provider()
     warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
-    if args.one:
-        run = torch_one if args.torch else one
-        print(json.dumps(run(int(args.one[0]), args.one[1], args.image_size, warmup, steps, args.batchnorm)))
-        return
     batches = args.batches or ("32,64,128,256,512" if where == "CUDAExecutionProvider" else CPU_BATCHES)
     label = "GPU (ONNX Runtime CUDA)" if where == "CUDAExecutionProvider" else \
         "CPU ONLY (ONNX Runtime CPU provider; no GPU on this machine)"
