@@ -12,8 +12,14 @@
 #
 # Each stage leaves its results in /tmp/res and packs them into $OUT/results.tgz. The machine keeps /tmp
 # only while it stays warm, so the calls go back to back.
+#
+# A shorter session (a rerun of some cases) narrows it with variables: ONLY (gpu_bench's cases whose
+# name holds one of these; space-separated, "_" for a space: "squeezenet_b1"; prepare and infer),
+# BATCHES (train_bench's batches), PRECISIONS (kernel_check's, space-separated; default float16).
 set -u
 stage=$1
+only=()
+for case in ${ONLY:-}; do only+=(--only "${case//_/ }"); done
 res=/tmp/res
 mkdir -p /tmp/parts "$res"
 pack() { tar czf "$OUT/results.tgz" -C "$res" . 2>/dev/null; }
@@ -41,7 +47,7 @@ case $stage in
 prepare)
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$res/gpu.txt"
   python3 -c 'import onnx, onnxruntime, numpy, torch; print("onnx", onnx.__version__, "onnxruntime", onnxruntime.__version__, "numpy", numpy.__version__, "torch", torch.__version__)' | tee -a "$res/gpu.txt"
-  timeout 150 python3 benchmarks/gpu_bench.py --prepare-only --jobs 16 --work /tmp/gpuwork --out "$res/gpu" 2>&1 \
+  timeout 150 python3 benchmarks/gpu_bench.py --prepare-only "${only[@]}" --jobs 16 --work /tmp/gpuwork --out "$res/gpu" 2>&1 \
     | grep -v -i "warn" | tee "$res/prepare.log" | tail -20
   du -sh /tmp/gpuwork
   ;;
@@ -61,20 +67,22 @@ a = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float16)
 got = s.run(None, {"a": a, "b": a})[0]
 print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
 EOF
-  timeout 280 python3 benchmarks/train_bench.py --batches 256,32,64,128,512 --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
+  timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
   cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
   ;;
 infer)
-  timeout 240 python3 benchmarks/gpu_bench.py --work /tmp/gpuwork --out "$res/gpu" --jobs 12 --warmup 10 --runs 100 \
+  timeout 240 python3 benchmarks/gpu_bench.py "${only[@]}" --work /tmp/gpuwork --out "$res/gpu" --jobs 12 --warmup 10 --runs 100 \
     --deadline 150 2>&1 | grep -v -i "warn" | tail -40
   pack
-  for k in 0 1 2 3 4 5 6 7; do
-    timeout 100 python3 benchmarks/kernel_check.py --provider CUDAExecutionProvider --shard $k/8 --out "$res/kc$k" \
-      > "$res/kc$k.log" 2>&1 &
+  for precision in ${PRECISIONS:-float16}; do
+    for k in 0 1 2 3 4 5 6 7; do
+      timeout 100 python3 benchmarks/kernel_check.py --provider CUDAExecutionProvider --precision "$precision" \
+        --shard $k/8 --out "$res/kc-$precision-$k" > "$res/kc-$precision-$k.log" 2>&1 &
+    done
+    wait
+    tail -n 1 "$res"/kc-"$precision"-*.log
+    grep -h "^disagree" "$res"/kc-"$precision"-*.log
   done
-  wait
-  tail -n 1 "$res"/kc*.log
-  grep -h "^disagree" "$res"/kc*.log
   ;;
 esac
 pack
