@@ -9,15 +9,18 @@
 #   benchmarks/device_session.sh train     # last part: assembles and unpacks onnxruntime-gpu, checks that
 #                                          # the CUDA provider runs, times the training steps (train_bench)
 #   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
+#   benchmarks/device_session.sh run CMD   # any command (a diagnosis) with onnxruntime-gpu set up by train
 #
 # Each stage leaves its results in /tmp/res and packs them into $OUT/results.tgz. The machine keeps /tmp
 # only while it stays warm, so the calls go back to back.
 #
 # A shorter session (a rerun of some cases) narrows it with variables: ONLY (gpu_bench's cases whose
 # name holds one of these; space-separated, "_" for a space: "squeezenet_b1"; prepare and infer),
-# BATCHES (train_bench's batches), PRECISIONS (kernel_check's, space-separated; default float16).
+# BATCHES (train_bench's batches), TRAIN_ARGS (more of train_bench's arguments), PRECISIONS (kernel_check's,
+# space-separated; default float16).
 set -u
 stage=$1
+shift
 only=()
 for case in ${ONLY:-}; do only+=(--only "${case//_/ }"); done
 res=/tmp/res
@@ -67,7 +70,7 @@ a = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float16)
 got = s.run(None, {"a": a, "b": a})[0]
 print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
 EOF
-  timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
+  timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" ${TRAIN_ARGS:-} --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
   cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
   ;;
 infer)
@@ -83,6 +86,9 @@ infer)
     tail -n 1 "$res"/kc-"$precision"-*.log
     grep -h "^disagree" "$res"/kc-"$precision"-*.log
   done
+  ;;
+run)
+  "$@"
   ;;
 esac
 pack

@@ -72,7 +72,8 @@ def _device_mib(before: int | None) -> float | None:
     return None if now is None or before is None else (now - before) / 2**20
 
 
-def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str, where: str) -> dict:
+def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str, where: str,
+        provider_options: dict[str, str]) -> dict:
     from amp_rewrite.training import build
     from amp_rewrite.training.trainer import Trainer
 
@@ -81,7 +82,7 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
                  precision=precision, batchnorm=batchnorm)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
-    trainer = Trainer(step, provider=where, lr=1e-3, emulate=False)
+    trainer = Trainer(step, provider=where, lr=1e-3, emulate=False, provider_options=provider_options)
     rng = np.random.default_rng(0)
     data = trainer.device_batch({"image": rng.normal(0, 1, (batch, 3, image_size, image_size)).astype(np.float32),
                                  "labels": rng.integers(0, 10, batch).astype(np.int64)})
@@ -143,13 +144,19 @@ def main() -> None:
     parser.add_argument("--batchnorm", choices=["train", "freeze"], default="train",
                         help="freeze: the ONNX steps keep BatchNormalization's running statistics (a diagnosis of "
                              "what batch statistics cost; PyTorch still trains them); not written to RESULTS.md")
+    parser.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the ONNX steps' execution provider (a diagnosis: not written to RESULTS.md)")
+    parser.add_argument("--precisions", default="float32,float16", help="of the steps (a subset: not written)")
+    parser.add_argument("--backends", default="onnx,torch", help="onnx, torch (a subset: not written)")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
     parser.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    provider_options = dict(option.split("=", 1) for option in args.provider_option)
     if args.one:  # a child: the parent passes its warm-up and step counts; PyTorch needs no provider probe
         batch, precision = int(args.one[0]), args.one[1]
         print(json.dumps(torch_one(batch, precision, args.image_size, args.warmup, args.steps) if args.torch else
-                         one(batch, precision, args.image_size, args.warmup, args.steps, args.batchnorm, provider())))
+                         one(batch, precision, args.image_size, args.warmup, args.steps, args.batchnorm, provider(),
+                             provider_options)))
         return
     where = provider()
     warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
@@ -176,14 +183,14 @@ def main() -> None:
     rows = {}
     for batch in (int(b) for b in batches.split(",")):
         row = {}
-        for precision in ("float32", "float16"):
-            for backend in ("onnx", "torch"):
+        for precision in args.precisions.split(","):
+            for backend in args.backends.split(","):
                 command = [sys.executable, __file__, "--one", str(batch), precision, "--image-size",
                            str(args.image_size), "--warmup", str(warmup), "--steps", str(steps),
-                           "--batchnorm", args.batchnorm,
+                           "--batchnorm", args.batchnorm, *(f"--provider-option={o}" for o in args.provider_option),
                            *(["--torch"] if backend == "torch" else [])]
                 row[backend, precision] = results.child(command, timeout=CHILD_TIMEOUT)
-        fp32, mixed, amp = row["onnx", "float32"], row["onnx", "float16"], row["torch", "float16"]
+        fp32, mixed, amp = (row.get(key) for key in (("onnx", "float32"), ("onnx", "float16"), ("torch", "float16")))
 
         def ms(r):
             return f"{r['ms']:.1f}" if r and "ms" in r else ("-" if not r else r.get("error", "-")[:60])
@@ -197,11 +204,12 @@ def main() -> None:
 
         amp_mib = f"{amp['device_mib']:.0f}" if amp and amp.get("device_mib") is not None else "-"
         rows[batch] = (f"| {batch} | {ms(fp32)} | {ms(mixed)} | {ratio(fp32, mixed)} | {mib(fp32)} | {mib(mixed)} | "
-                       f"{mixed.get('skipped', '-')} | {ms(row['torch', 'float32'])} | {ms(amp)} | {amp_mib} | "
-                       f"{ratio(mixed, amp)} |")
+                       f"{(mixed or {}).get('skipped', '-')} | {ms(row.get(('torch', 'float32')))} | {ms(amp)} | "
+                       f"{amp_mib} | {ratio(mixed, amp)} |")
         print(rows[batch], flush=True)
     lines += [rows[b] for b in sorted(rows)]
-    if args.batchnorm == "train":
+    if args.batchnorm == "train" and not provider_options and args.precisions == parser.get_default("precisions") \
+            and args.backends == parser.get_default("backends"):
         results.write(sections={SECTIONS[where]: lines})
     if args.out:
         args.out.write_text("\n".join([f"## {SECTIONS[where]}", "", *lines]) + "\n")

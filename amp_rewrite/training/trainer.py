@@ -50,8 +50,12 @@ class History:
 
 class Trainer:
     def __init__(self, step: TrainingStep, provider: str = "CPUExecutionProvider", lr: float = 1e-3,
-                 weight_decay: float = 0.0, emulate: bool | None = None) -> None:
-        """``emulate`` (default: unless the provider runs float16 natively) runs the step with every
+                 weight_decay: float = 0.0, emulate: bool | None = None,
+                 provider_options: Mapping[str, str] | None = None) -> None:
+        """``provider_options``: the execution provider's options (ONNX Runtime's names; CUDA's
+        ``device_id``, ``gpu_mem_limit``, ``arena_extend_strategy``, ...); the step's values live on
+        ``device_id``'s device.
+        ``emulate`` (default: unless the provider runs float16 natively) runs the step with every
         low-precision value rounded where it is produced (``runtime.emulate``): the CPU provider
         computes most float16 nodes in float32 and drops the roundings between them, so without
         emulation a float16 step there would neither overflow nor underflow as it does on a GPU."""
@@ -59,10 +63,11 @@ class Trainer:
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
+        self.device_id = int((provider_options or {}).get("device_id", 0))
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
         model = emulated(step.model) if self.emulated else step.model
         # Basic optimizations only: fusions across the casts would change the precision chosen.
-        self.session = instrument.session(model, None, provider, optimize="basic")
+        self.session = instrument.session(model, None, provider, optimize="basic", provider_options=provider_options)
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
@@ -72,7 +77,7 @@ class Trainer:
     def _device_value(self, array: np.ndarray):
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device, 0)
+        return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device, self.device_id)
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, batch: Mapping[str, np.ndarray]) -> StepResult:
