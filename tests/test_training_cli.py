@@ -96,6 +96,7 @@ def _det_model(folder):
     ("output not float", "'predicted' is not a float tensor"),
     ("no gradient rule", "no gradient rule for Det"),
     ("bad loss scale", "--loss-scale must be dynamic, none or a number"),
+    ("provider option without a value", "--provider-option takes KEY=VALUE, got 'device_id'"),
 ])
 def test_train_user_errors_are_one_line_and_write_nothing(files, capsys, case, message):
     folder, path, data = files
@@ -119,6 +120,9 @@ def test_train_user_errors_are_one_line_and_write_nothing(files, capsys, case, m
         path, bad = _det_model(folder)
         args = ["train", str(path), "--data", str(bad), "--loss", "mse", "--output", "logits", "-o",
                 str(folder / "t.onnx"), "--quiet"]
+    elif case == "provider option without a value":
+        np.savez(bad, x=x, labels=labels)
+        args = _train_args(path, bad, folder / "t.onnx", "--provider-option", "device_id")
     else:
         np.savez(bad, x=x, labels=labels)
         args = _train_args(path, bad, folder / "t.onnx", "--loss-scale", "lots")

@@ -92,6 +92,30 @@ def test_a_batch_put_on_the_device_once_trains_as_the_same_batch_given_each_step
     assert not np.array_equal(placed.value("w1"), step.initial["w1"])
 
 
+@pytest.mark.parametrize("provider, given, expected", [
+    ("CUDAExecutionProvider", {"device_id": "1"}, {"arena_extend_strategy": "kSameAsRequested", "device_id": "1"}),
+    ("CUDAExecutionProvider", {"arena_extend_strategy": "kNextPowerOfTwo"},
+     {"arena_extend_strategy": "kNextPowerOfTwo"}),
+    ("CPUExecutionProvider", None, {}),
+])
+def test_provider_options_reach_the_session_over_the_defaults(monkeypatch, provider, given, expected):
+    from amp_rewrite.runtime import instrument
+
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="sgd")
+    opened = {}
+
+    def session(model, base_dir, where, **kwargs):  # records, then opens the step on the CPU
+        opened.update(kwargs["provider_options"])
+        return real(model, base_dir, "CPUExecutionProvider", optimize=kwargs["optimize"])
+
+    real = instrument.session
+    monkeypatch.setattr(instrument, "session", session)
+    monkeypatch.setattr(Trainer, "_device_value", lambda self, array: array)
+    trainer = Trainer(step, provider=provider, provider_options=given)
+    assert opened == expected
+    assert trainer.device_id == int(expected.get("device_id", 0))
+
+
 def test_inf_gradient_skips_the_step_and_halves_the_scale():
     step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float16")
     trainer = Trainer(step, lr=0.01)

@@ -33,6 +33,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffling")
     parser.add_argument("--train-provider", dest="train_provider", default="CPUExecutionProvider",
                         help="ONNX Runtime execution provider that runs the steps (default CPUExecutionProvider)")
+    parser.add_argument("--provider-option", dest="provider_options", action="append", default=[],
+                        metavar="KEY=VALUE", help="an option of that provider, in ONNX Runtime's names (repeatable): "
+                                                  "device_id=1, gpu_mem_limit=8000000000")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     training_arguments(parser)
     coloring_arguments(parser, float32=True)
@@ -48,12 +51,14 @@ def run(args: argparse.Namespace) -> int:
         check_writable(Path(args.report))
     if args.epochs < 1 or args.batch_size < 1:
         raise UserError("--epochs and --batch-size must be at least 1")
+    provider_options = _key_values(args.provider_options, "--provider-option")
     train = read_npz(args.data)
     evaluation = read_npz(args.eval) if args.eval else None
     step = build_step(args)
     train = _checked(step, train, args.data)
     evaluation = _checked(step, evaluation, args.eval) if evaluation is not None else None
-    trainer = Trainer(step, provider=args.train_provider, lr=args.lr, weight_decay=args.weight_decay)
+    trainer = Trainer(step, provider=args.train_provider, lr=args.lr, weight_decay=args.weight_decay,
+                      provider_options=provider_options)
     history = trainer.fit(train, args.epochs, args.batch_size, evaluation, seed=args.seed, progress=not args.quiet)
     trainer.export(args.trained)
     if args.mixed_output:
@@ -98,3 +103,11 @@ def _classes(step) -> int | None:
     output = next((o for o in step.forward.graph.output if o.name == step.spec.outputs[0]), None)
     dims = output.type.tensor_type.shape.dim if output is not None else []
     return dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
+
+
+def _key_values(items: list[str], flag: str) -> dict[str, str]:
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (key, eq, _) in zip(items, pairs) if not key or not eq]
+    if bad:
+        raise UserError(f"{flag} takes KEY=VALUE, got {bad[0]!r}")
+    return {key: value for key, _, value in pairs}

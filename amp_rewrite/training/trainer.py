@@ -29,6 +29,11 @@ from amp_rewrite.training.step import TrainingStep
 
 MODEL_STATE = ("param", "running_mean", "running_var")
 """Carried roles that are initializers of the model (the rest is optimizer and scaler state)."""
+PROVIDER_DEFAULTS = {"CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}
+"""Provider options the step runs with unless the caller's say otherwise. CUDA's arena grows by
+powers of two by default; a step allocates the same buffers every time, so an arena grown by what
+it asks holds less: the seed CNN's mixed step at batch 256 on an H100 held 20.5 GB of device memory
+instead of 25.7, in the same 120.6 ms."""
 SKIP_WARNING = 50
 """Consecutive skipped steps after which the trainer warns (a forward that makes NaN drives
 the scale towards zero and skips forever)."""
@@ -53,8 +58,8 @@ class Trainer:
                  weight_decay: float = 0.0, emulate: bool | None = None,
                  provider_options: Mapping[str, str] | None = None) -> None:
         """``provider_options``: the execution provider's options (ONNX Runtime's names; CUDA's
-        ``device_id``, ``gpu_mem_limit``, ``arena_extend_strategy``, ...); the step's values live on
-        ``device_id``'s device.
+        ``device_id``, ``gpu_mem_limit``, ``arena_extend_strategy``, ...) over ``PROVIDER_DEFAULTS``;
+        the step's values live on ``device_id``'s device.
         ``emulate`` (default: unless the provider runs float16 natively) runs the step with every
         low-precision value rounded where it is produced (``runtime.emulate``): the CPU provider
         computes most float16 nodes in float32 and drops the roundings between them, so without
@@ -63,7 +68,8 @@ class Trainer:
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
-        self.device_id = int((provider_options or {}).get("device_id", 0))
+        provider_options = {**PROVIDER_DEFAULTS.get(provider, {}), **(provider_options or {})}
+        self.device_id = int(provider_options.get("device_id", 0))
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
         model = emulated(step.model) if self.emulated else step.model
         # Basic optimizations only: fusions across the casts would change the precision chosen.
