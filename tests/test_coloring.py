@@ -461,6 +461,25 @@ def test_scatternd_whose_cpu_kernel_refuses_a_reduction_in_float16_stays_float32
     np.testing.assert_allclose(got.astype(np.float32), run(m, **feeds)[0], rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize(("provider", "reduction", "precision", "refused"), [
+    ("CUDAExecutionProvider", "add", "bfloat16", True),
+    ("CUDAExecutionProvider", "min", "bfloat16", True),
+    ("CUDAExecutionProvider", "none", "bfloat16", False),
+    ("CUDAExecutionProvider", "add", "float16", False),
+])
+def test_scatternd_reductions_that_a_provider_refuses_in_a_low_type_stay_float32(provider, reduction, precision,
+                                                                                  refused) -> None:
+    """The CUDA kernel refuses a reduction in bfloat16 at run time (kernel_check on an H100; the CPU
+    one refuses float16, above): the node stays float32 there, and runs low otherwise."""
+    m = model(f"""(float[4,4] x, float[1,4] u) => (float[4,4] y) {{
+        [scatter1] y = ScatterND<reduction = "{reduction}">(x, idx, u)
+    }}""", {"idx": np.array([[1]], np.int64)}, opset=18)
+    out, report = convert(m, provider=provider, precision=precision, range_check="off", keep_io_types=False)
+    assert colors(out)["scatter1"] == ("fp32" if refused else "low")
+    if refused:
+        assert f"kernel refuses reduction={reduction!r}" in {d.node: d.reason for d in report.decisions}["scatter1"]
+
+
 def test_bfloat16_target_uses_bfloat16_types():
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] a = MatMul(x, w) \n [inf1] y = Relu(a) }",
               {"w": W["w"]})

@@ -40,11 +40,15 @@ REFUSED_ATTRIBUTES: dict[str, dict[tuple[str, str], tuple[str, frozenset[str], f
         ("", "ScatterND"): ("reduction", frozenset({"add", "mul", "max", "min"}), frozenset({"float16"})),
         ("", "ScatterElements"): ("reduction", frozenset({"add", "mul"}), frozenset({"float16"})),
     },
+    "CUDAExecutionProvider": {
+        ("", "ScatterND"): ("reduction", frozenset({"add", "mul", "max", "min"}), frozenset({"bfloat16"})),
+    },
 }
 """Kernels registered for a low type that refuse it at run time for some values of an attribute:
-(attribute, refused values, types) by op, per provider. ONNX Runtime 1.31.1's CPU kernels, seen by
-benchmarks/kernel_check.py: "MLFloat16 data type is not supported with ScatterND opset 16 when
-reduction is 'add'"."""
+(attribute, refused values, types) by op, per provider. Seen by benchmarks/kernel_check.py in ONNX
+Runtime 1.31.1: the CPU kernels ("MLFloat16 data type is not supported with ScatterND opset 16 when
+reduction is 'add'"), and the CUDA ScatterND with a reduction in bfloat16 ("element_type 16 not
+implemented for ScatterND operator"; H100, 2026-11-26; float16 and ScatterElements run)."""
 
 
 @dataclass(frozen=True)
