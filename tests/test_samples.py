@@ -665,3 +665,15 @@ def test_a_guess_keeps_the_counts_of_every_reshape_that_shares_its_names() -> No
               {"six": np.array([6], np.int64), "eighteen": np.array([18], np.int64)})
     _binds_and_measures(m, ("batch=3 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')",
                            {"x": (3, 2), "y": (3, 3, 2)}))
+
+
+def test_a_guess_keeps_the_least_extent_a_reflecting_pad_needs() -> None:
+    """Rule: x[batch, batch, seq] padded by reflection (one row after axis 0: batch >= 2), reshaped
+    to [18]: the count allows batch = 1, seq = 18, which the Pad refuses, and batch = 3, seq = 2
+    (found by fuzzing: NOT RUN)."""
+    m = model("""(float[batch,batch,seq] x) => (float[18] y, float[?,?,?] p) {
+                     p = Pad<mode = "reflect">(x, pads)
+                     [r1] y = Reshape(x, eighteen) }""",
+              {"pads": np.array([0, 0, 0, 1, 0, 0], np.int64), "eighteen": np.array([18], np.int64)})
+    _binds_and_measures(m, ("batch=3 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (3, 3, 2)}))
+

@@ -343,17 +343,19 @@ class _Rules:
                  {name: least[name] for name in others}, dict.fromkeys(others, 1)]
         if len(others) == 1:  # then the other extents the count allows, for one that the other counts allow too
             tries += [{others[0]: extent} for extent in range(1, min(fixed[1 - side], MAX_SEARCHED) + 1)]
-        chosen = None  # the first guess that keeps every count, else the first that keeps this one
+        # the first guess that keeps every count and every name's least, else the first that keeps
+        # every count, else the first that keeps this count and the leasts, else this count alone
+        chosen, best = None, None
         for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
             rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
             count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
             extent = None if left_over else _solved(factors[last], count)
             if extent is None or extent < least[last]:
                 continue
-            keeps = self.consistent({**at, last: extent})
-            if chosen is None or keeps:
-                chosen = at, extent
-            if keeps:
+            rank = self.consistent({**at, last: extent}), all(at[name] >= least[name] for name in others)
+            if best is None or rank > best:
+                chosen, best = (at, extent), rank
+            if all(rank):
                 break
         if chosen is not None:
             self.split([Sym(name) for name in (*others, last)], chosen[1], origin, others=chosen[0])
