@@ -677,3 +677,81 @@ def test_a_guess_keeps_the_least_extent_a_reflecting_pad_needs() -> None:
               {"pads": np.array([0, 0, 0, 1, 0, 0], np.int64), "eighteen": np.array([18], np.int64)})
     _binds_and_measures(m, ("batch=3 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (3, 3, 2)}))
 
+
+
+def _classifier(layers: str, features: int, inputs: str = "float[N,1,H,H] x", weights: dict | None = None):
+    """x through ``layers`` (ending in ``f``, flattened features) into a Gemm of ``features`` inputs."""
+    generator = rng(7)
+    return model(f"""({inputs}) => (float[N,10] y) {{ {layers}
+                                                     [g1] y = Gemm(f, w, b) }}""",
+                 {"w": generator.normal(size=(features, 10)).astype(np.float32), "b": np.zeros(10, np.float32),
+                  **(weights or {})})
+
+
+_KERNEL = {"k": rng(8).normal(size=(6, 1, 5, 5)).astype(np.float32)}
+
+
+def test_a_conv_and_a_pool_before_a_flatten_and_a_gemm_bind_the_image_size() -> None:
+    """Rule: x[N, 1, H, H] through a Conv of kernel 5 and a MaxPool of 2 (stride 2) gives
+    [N, 6, (H - 4) // 2, (H - 4) // 2], flattened into a Gemm of 864 inputs: 6 x 12 x 12, so
+    H = 28 (LeNet; the range check was NOT RUN: the Gemm met 24 features)."""
+    m = _classifier("""c = Conv(x, k)
+                       p = MaxPool<kernel_shape = [2, 2], strides = [2, 2]>(c)
+                       f = Flatten(p)""", 6 * 12 * 12, weights=_KERNEL)
+    _binds_and_measures(m, ("N=8, H=28 (from Gemm 'g1')", {"x": (8, 1, 28, 28)}))
+
+
+def test_two_image_extents_that_one_count_binds_are_guessed_so_that_the_model_runs() -> None:
+    """Rule: as above with H and W apart: 6 x ((H - 4) // 2) x ((W - 4) // 2) = 864 binds one
+    given the other; H is guessed at the least that the Conv and the MaxPool take (6)."""
+    m = _classifier("""c = Conv(x, k)
+                       p = MaxPool<kernel_shape = [2, 2], strides = [2, 2]>(c)
+                       f = Flatten(p)""", 6 * 12 * 12, inputs="float[N,1,H,W] x", weights=_KERNEL)
+    _binds_and_measures(m, ("N=8, H=6 (from Gemm 'g1', guessed), W=292 (from Gemm 'g1')", {"x": (8, 1, 6, 292)}))
+
+
+@pytest.mark.parametrize("pad", ["pads = [1, 1, 1, 1]", 'auto_pad = "SAME_UPPER"'])
+def test_strided_convs_padded_or_same_bind_the_least_image_size_they_allow(pad: str) -> None:
+    """Rule: two Convs of kernel 3 and stride 2 (pads 1, or SAME: (H + 1) // 2 either way) then
+    a Reshape to [0, -1] whose -1 inference names afresh: 2 x h x h = 32 makes h = 4, so the
+    first Conv gave 7 or 8 and H is 13, the least of 13 to 16."""
+    kernels = {"k1": rng(9).normal(size=(2, 1, 3, 3)).astype(np.float32),
+               "k2": rng(10).normal(size=(2, 2, 3, 3)).astype(np.float32), "keep": np.array([0, -1], np.int64)}
+    m = _classifier(f"""c1 = Conv<strides = [2, 2], {pad}>(x, k1)
+                        c2 = Conv<strides = [2, 2], {pad}>(c1, k2)
+                        f = Reshape(c2, keep)""", 2 * 4 * 4, weights=kernels)
+    _binds_and_measures(m, ("N=8, H=13 (from Gemm 'g1')", {"x": (8, 1, 13, 13)}))
+
+
+def test_pools_that_nothing_after_them_binds_raise_the_image_size_to_the_least_they_take() -> None:
+    """Rule: three MaxPools of 3 with stride 2 need H >= 3 after two of them, 7 after one, 15
+    before all; a GlobalAveragePool after them binds nothing, so H takes 15 rather than the
+    default 8, which left the third MaxPool nothing to pool (SqueezeNet with its image size
+    named: NOT RUN)."""
+    m = _classifier("""p1 = MaxPool<kernel_shape = [3, 3], strides = [2, 2]>(x)
+                       p2 = MaxPool<kernel_shape = [3, 3], strides = [2, 2]>(p1)
+                       [m3] p3 = MaxPool<kernel_shape = [3, 3], strides = [2, 2]>(p2)
+                       g = GlobalAveragePool(p3)
+                       f = Flatten(g)""", 1)
+    _binds_and_measures(m, ("N=8, H=15 (the least for MaxPool 'm3')", {"x": (8, 1, 15, 15)}))
+
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in LIGHT.glob("light_*.onnx")))
+def test_light_models_with_named_image_extents_run_the_range_check(name: str) -> None:
+    """The image models in onnx's light set, their input's batch and image extents named (N, H,
+    H): the extents their layers imply let the range check run on all of them (before the
+    Conv and pool rules, on 1 of the 9: densenet121, whose GlobalAveragePool takes any size)."""
+    m = onnx.load(LIGHT / f"{name}.onnx")
+    weights = {t.name for t in m.graph.initializer}
+    (image,) = [i for i in m.graph.input if i.name not in weights]
+    dims = image.type.tensor_type.shape.dim
+    if len(dims) != 4:
+        pytest.skip("not an image model")
+    for dim, label in zip(dims, ("N", None, "H", "H")):
+        if label:
+            dim.dim_param = label  # clears its dim_value
+    report = convert(m, provider=None)[1]
+    assert report.range_check.startswith("measured"), report.range_check

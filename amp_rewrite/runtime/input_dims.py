@@ -7,12 +7,14 @@ without the model's own value_info (an unnamed input dimension named ``input[axi
 carries the inputs' dimension names through elementwise ops, MatMul and their like, in every
 graph (If and Loop bodies included); a Loop-carried output it leaves without a shape takes
 its initial value's, and inference runs again from there. A dimension is a fixed extent or a
-name times a scale plus an offset (``batch + 1``, ``2 x batch``): Pad with constant pads (its
-axes input too, which inference does not follow), Slice with constant starts and ends
-(``[1:]`` is ``batch - 1``) or ends computed from a Shape (``x[:Shape(x)[0] - 1]``, where
-inference gives up on every axis), and Concat of a named extent with fixed ones or with itself give
-such sums, and a fresh name that inference gave in their place stands for them wherever it
-reaches.
+name times a scale plus an offset, divided and rounded down (``batch + 1``, ``2 x batch``,
+``(height - 1) // 2``): Pad with constant pads (its axes input too, which inference does not
+follow), Slice with constant starts and ends (``[1:]`` is ``batch - 1``) or ends computed from
+a Shape (``x[:Shape(x)[0] - 1]``, where inference gives up on every axis), Concat of a named
+extent with fixed ones or with itself, and Conv and the pools (kernel, stride, dilation, pads,
+auto_pad; ceil_mode where it cannot drop a last window) give such dimensions, and a fresh name
+that inference gave in their place stands for them wherever it reaches; a fresh name for a
+product (Flatten's, or a Reshape's -1 over several names) stands for the product.
 Then, until nothing new is learnt:
 
 - a Loop body's carried input whose shape its carried output keeps has its initial value's
@@ -29,7 +31,11 @@ Then, until nothing new is learnt:
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
-  dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones);
+  dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones;
+  a product that meets a fixed extent there is a count: LeNet's Flatten into a Gemm of 864
+  inputs is 6 x h x w = 864; two named dimensions that meet there are a count that any
+  guess must keep: a Conv's and a MaxPool's output of the same input agree at some of its
+  extents only);
   an elementwise op or Expand gives its output, where inference left a fresh name, the
   dimension of each column that is not 1 (``batch`` beside a sliced 1).
 
@@ -43,12 +49,16 @@ the least their readers need: a Gather of a constant index on the axis (index 2 
 reflect Pad (a pad of 1 needs 2); and names broadcast together with no fixed extent among
 them are taken as equal (the fresh name inference gave their result stands for the first).
 A Reshape with -1, whose count need only be a multiple, guesses last, once every exact count
-has had its guess.
+has had its guess. A rounded dimension binds its name to a range of extents (a Conv of stride
+2 gives 28 from 55 and 56): where the bindings break a count, the names move within their
+ranges to extents that keep them all. A name that nothing binds takes at least what its
+readers need (three MaxPools of stride 2 need 15).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -65,25 +75,38 @@ from amp_rewrite.ir.tensors import constant_tensor
 
 @dataclass(frozen=True)
 class Sym:
-    """A dimension named ``name``, times ``scale``, plus ``offset`` (``batch + 1`` after a Pad
-    of one, ``2 x batch`` after a Concat of a value with itself)."""
+    """A dimension named ``name``, times ``scale``, plus ``offset``, divided by ``divisor``
+    and rounded down (``batch + 1`` after a Pad of one, ``2 x batch`` after a Concat of a value
+    with itself, ``(height - 1) // 2`` after a Conv of kernel 3 and stride 2). A window op
+    after another divides what the first gave: ``(a // b + c) // d`` is ``(a + c x b) // (b x d)``,
+    so the form holds through a chain of them."""
 
     name: str
     offset: int = 0
     scale: int = 1
+    divisor: int = 1
 
     def at(self, extent: int) -> int:
         """The dimension where its name is ``extent``."""
-        return self.scale * extent + self.offset
+        return (self.scale * extent + self.offset) // self.divisor
 
     def reaching(self, extent: int) -> int:
         """The least extent of its name at which the dimension is ``extent`` or more."""
-        return -((self.offset - extent) // self.scale)
+        return -((self.offset - extent * self.divisor) // self.scale)
 
     def solved(self, extent: int) -> int | None:
-        """Its name's extent where the dimension is ``extent``, or None where none gives it."""
-        solved, left = divmod(extent - self.offset, self.scale)
-        return None if left else solved
+        """Its name's least extent where the dimension is ``extent``, or None where none gives it."""
+        solved = self.reaching(extent)
+        return solved if self.at(solved) == extent else None
+
+    def solutions(self, extent: int) -> range:
+        """Its name's extents where the dimension is ``extent`` (more than one where it is rounded)."""
+        return range(self.reaching(extent), self.reaching(extent + 1))
+
+    @property
+    def affine(self) -> bool:
+        """Whether it is ``scale x name + offset`` exactly (no rounding)."""
+        return self.divisor == 1
 
 
 Dim = int | Sym | None
@@ -106,6 +129,8 @@ def broadcasting() -> frozenset[str]:
 
 GUESSED = ", guessed"
 """How a guessed binding's origin ends (``from Reshape 'r1', guessed``)."""
+AT_LEAST = ", at least"
+"""How the origin of a name's least extent ends, where nothing bound it (``for Conv 'c1', at least``)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +143,11 @@ class Pin:
     @property
     def guessed(self) -> bool:
         return self.origin.endswith(GUESSED)
+
+    @property
+    def floor(self) -> bool:
+        """Whether it is the least extent the name may take (nothing bound it), not its extent."""
+        return self.origin.endswith(AT_LEAST)
 
 
 def unnamed_dim(input_name: str, axis: int) -> str:
@@ -151,6 +181,10 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
     if names - set(pins):  # then what a -1 allows: a multiple, guessed after every exact count
         rules.multiples = True
         _apply(rules, declared)
+    rules.settle()
+    for name in names - set(pins):  # what the readers of a name that nothing bound need at least
+        if rules.least.get(name, 1) > 1:
+            pins[name] = Pin(rules.least[name], rules.least_origin[name] + AT_LEAST)
     return pins
 
 
@@ -189,6 +223,14 @@ class _Rules:
         self.least: dict[str, int] = {}
         """The smallest extent each name may take (a Gather of index 2 on its axis needs 3): what
         a guess gives a name at the least."""
+        self.least_origin: dict[str, str] = {}
+        """What needs each name's least extent (``for Conv 'c1'``)."""
+        self.ranges: dict[str, list[int]] = {}
+        """The extents that would have given the dimension that bound a name, where it is rounded
+        (a Conv of stride 2 gives 28 from 55 and 56): ``settle`` may move the name within them."""
+        self.products: dict[str, tuple[Dim, ...]] = {}
+        """What a fresh name that inference gave stands for as a product of dimensions (Flatten's
+        [batch, channels x height x width]): a fixed extent it meets is a count of them."""
         self.counts: set[tuple[tuple[Dim, ...], tuple[Dim, ...]]] = set()
         """Every count that two shapes share, of input names and fixed extents: what a guess
         for one of them must not contradict (x[batch, seq] to [6] beside y[batch, batch, seq]
@@ -251,21 +293,47 @@ class _Rules:
         return dim.at(pin.extent) if pin else dim
 
     def pin(self, dim: Sym, extent: int, origin: str) -> None:
-        """Bind ``dim``'s name so that ``dim`` is ``extent``."""
-        solved = dim.solved(extent)
-        if dim.name in self.names and dim.name not in self.pins and solved is not None and solved >= 1:
-            self.pins[dim.name] = Pin(solved, origin)
+        """Bind ``dim``'s name so that ``dim`` is ``extent``: of the extents that give it (several
+        where it is rounded), the first that keeps every count, else the least."""
+        if dim.name not in self.names or dim.name in self.pins:
+            return
+        solutions = [e for e in dim.solutions(extent) if e >= 1]
+        if solutions:
+            chosen = next((e for e in solutions if self.consistent({dim.name: e})), solutions[0])
+            self.pins[dim.name] = Pin(chosen, origin)
+            if len(solutions) > 1:
+                self.ranges[dim.name] = solutions
+
+    def settle(self) -> None:
+        """Where the bindings break a count: the extents, in the ranges that rounded dimensions
+        left their names (``ranges``), that keep every count (the first of at most MAX_SEARCHED)."""
+        if not self.ranges or self.consistent({}):
+            return
+        names = list(self.ranges)
+        for extents in itertools.islice(itertools.product(*self.ranges.values()), MAX_SEARCHED):
+            if self.consistent(dict(zip(names, extents))):
+                for name, extent in zip(names, extents):
+                    self.pins[name] = Pin(extent, self.pins[name].origin)
+                return
 
     def agree(self, columns: Iterable[Sequence[Dim]], origin: str, broadcast: bool = False) -> None:
         """Each column holds dimensions that must be equal (``broadcast``: or 1): one fixed
-        extent among them (above 1 when broadcasting) binds the names there."""
+        extent among them (above 1 when broadcasting) binds the names there; two named ones
+        that differ (a Concat of a Conv's and a MaxPool's output of the same input, equal only
+        at some extents of its name) are a count that the extents a guess takes must keep."""
         for column in columns:
             extents = [self.extent(d) for d in column]
+            if not broadcast:
+                named = list(dict.fromkeys(d for d in extents if isinstance(d, Sym)))
+                self.counts.update(((a,), (b,)) for a, b in zip(named, named[1:]) if {a.name, b.name} <= self.names)
             fixed = {d for d in extents if isinstance(d, int) and (d > 1 or not broadcast)}
             if len(fixed) == 1:
+                extent = next(iter(fixed))
                 for d in extents:
-                    if isinstance(d, Sym):
-                        self.pin(d, next(iter(fixed)), origin)
+                    if isinstance(d, Sym) and d.name in self.products and d == Sym(d.name):
+                        self.same_count(self.products[d.name], (extent,), origin)
+                    elif isinstance(d, Sym):
+                        self.pin(d, extent, origin)
 
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
         """When guessing multiples: ``dims`` must hold a multiple of the fixed ``factors``' product; the
@@ -297,10 +365,11 @@ class _Rules:
         the input names beside it for nothing."""
         return all(d.name in self.names for d in dims)
 
-    def at_least(self, dim: Dim, extent: int) -> None:
+    def at_least(self, dim: Dim, extent: int, origin: str) -> None:
         """``dim`` must be ``extent`` or more."""
-        if isinstance(dim, Sym) and dim.name in self.names:
-            self.least[dim.name] = max(self.least.get(dim.name, 1), dim.reaching(extent))
+        if isinstance(dim, Sym) and dim.name in self.names and dim.reaching(extent) > self.least.get(dim.name, 1):
+            self.least[dim.name] = dim.reaching(extent)
+            self.least_origin[dim.name] = origin
 
     def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False,
               others: Mapping[str, int] | None = None) -> None:
@@ -346,11 +415,8 @@ class _Rules:
         # the first guess that keeps every count and every name's least, else the first that keeps
         # every count, else the first that keeps this count and the leasts, else this count alone
         chosen, best = None, None
-        for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
-            rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
-            count, left_over = divmod(fixed[1 - side], fixed[side] * rest) if rest > 0 else (0, 1)
-            extent = None if left_over else _solved(factors[last], count)
-            if extent is None or extent < least[last]:
+        for at, extent in self._candidates(tries, others, last, factors, fixed[side], fixed[1 - side]):
+            if extent < least[last]:
                 continue
             rank = self.consistent({**at, last: extent}), all(at[name] >= least[name] for name in others)
             if best is None or rank > best:
@@ -359,6 +425,23 @@ class _Rules:
                 break
         if chosen is not None:
             self.split([Sym(name) for name in (*others, last)], chosen[1], origin, others=chosen[0])
+            for name, dims in factors.items():  # the extents that give the same factors, where they are rounded
+                pin = self.pins.get(name)
+                if pin is not None and not all(d.affine for d in dims):
+                    same = set.intersection(*(set(d.solutions(d.at(pin.extent))) for d in dims))
+                    if len(same) > 1:
+                        self.ranges.setdefault(name, sorted(same))
+
+    @staticmethod
+    def _candidates(tries: list[dict[str, int]], others: list[str], last: str, factors: Mapping[str, list[Sym]],
+                    have: int, count: int) -> Iterator[tuple[dict[str, int], int]]:
+        """For each of ``tries`` (the other names' extents, each once), the extents of ``last``
+        that make ``have`` times the factors' product ``count`` (several where its factors are rounded)."""
+        for at in (dict(t) for t in dict.fromkeys(tuple(t.items()) for t in tries)):
+            rest = math.prod(d.at(at[name]) for name in others for d in factors[name])
+            wanted, left_over = divmod(count, have * rest) if rest > 0 else (0, 1)
+            if not left_over:
+                yield from ((at, extent) for extent in _solutions(factors[last], wanted))
 
     def consistent(self, extents: Mapping[str, int]) -> bool:
         """Whether the names at ``extents`` (and those bound) keep every count the shapes share."""
@@ -381,15 +464,18 @@ class _Rules:
         return True
 
 
-def _solved(dims: Sequence[Sym], count: int) -> int | None:
-    """The extent of the name that ``dims`` share at which their product is ``count``, or None
-    (a binary search: the product grows with the name)."""
+def _solutions(dims: Sequence[Sym], count: int) -> Iterator[int]:
+    """The extents of the name that ``dims`` share at which their product is ``count``, least
+    first (a binary search, the product growing with the name; then on while it holds: a
+    rounded dimension holds over several)."""
     low = max(1, *(d.reaching(1) for d in dims))
     high = max(low, *(d.reaching(count) for d in dims))  # each factor alone reaches count there
     while low < high:
         middle = (low + high) // 2
         low, high = (middle + 1, high) if math.prod(d.at(middle) for d in dims) < count else (low, middle)
-    return low if math.prod(d.at(low) for d in dims) == count else None
+    while math.prod(d.at(low) for d in dims) == count:
+        yield low
+        low += 1
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
@@ -403,6 +489,8 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if (target == -1).sum() == 1:
         at = int(np.flatnonzero(target == -1)[0])
         rest = _left_over(data, result[:at] + result[at + 1:])
+        if rest is None and (left := _leaving_out(data, result[:at] + result[at + 1:])) is not None:
+            rest = _product(rules, node.outputs[0], at, left)
         if rest is not None:
             rules.derive(node.outputs[0], [*result[:at], rest, *result[at + 1:]])
     for counted, times, per in _reshaped_from(rules, node.inputs[0]):
@@ -422,7 +510,7 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
                 return None
             if isinstance(dim, int):
                 fixed[side] *= dim
-            elif dim.offset:
+            elif dim.offset or not dim.affine:
                 named[side][dim] += 1
             else:
                 fixed[side] *= dim.scale
@@ -436,7 +524,7 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
     if sum(left.values()) != 1:
         return None
     (dim,) = left
-    return Sym(dim.name, 0, dim.scale * factor) if not dim.offset else (dim if factor == 1 else None)
+    return Sym(dim.name, 0, dim.scale * factor) if not dim.offset and dim.affine else (dim if factor == 1 else None)
 
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
@@ -457,7 +545,7 @@ def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[
             yield shape, times, per
         producer = rules.index.producer_node(rules.index.values[key])
         source = rules.initial(key) or (producer.inputs[0] if producer is not None and producer.inputs else None)
-        reshape = producer is not None and producer.op_type == "Reshape" and producer.domain == ""
+        reshape = producer is not None and producer.op_type in ("Reshape", "Flatten") and producer.domain == ""
         if reshape or (shape is not None and rules.shape(source) == shape):
             key = source
         elif (contracted := _contracted(rules, producer, shape)) is not None:
@@ -467,6 +555,85 @@ def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[
             per, key = per * int(picked[1].size), source
         else:
             key = None
+
+
+def _product(rules: _Rules, key: ValueKey | None, position: int, dims: Sequence[Dim]) -> Dim:
+    """The dimension at ``position`` of ``key`` that is the product of ``dims``: the one of them,
+    or their fixed extents' product; where several name or fix it, None, and the fresh name that
+    inference gave there (``products``) stands for their product."""
+    if None in dims:
+        return None
+    if all(isinstance(d, int) for d in dims):
+        return math.prod(dims)
+    if len(dims) == 1:
+        return dims[0]
+    inferred = rules.index.values[key].shape if key is not None else None
+    name = inferred[position] if inferred is not None and position < len(inferred) else None
+    if isinstance(name, str) and name not in rules.names:
+        rules.products.setdefault(name, tuple(dims))
+    return None
+
+
+def _flatten(rules: _Rules, node: Node) -> None:
+    """[d0, ..., dn] flattened at ``axis`` is [d0 x ... x d(axis - 1), d(axis) x ... x dn]
+    (``_product``: a Gemm's weight after it fixes the count of the flattened dimensions)."""
+    data = rules.shape(node.inputs[0])
+    if data is None:
+        return
+    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 1)
+    axis += len(data) if axis < 0 else 0
+    if 0 <= axis <= len(data):
+        rules.derive(node.outputs[0], [_product(rules, node.outputs[0], side, dims)
+                                       for side, dims in enumerate((data[:axis], data[axis:]))])
+
+
+def _window(rules: _Rules, node: Node) -> None:
+    """Conv and the pools (MaxPool, AveragePool, LpPool) over [batch, channels, spatial...]:
+    each spatial extent becomes ``(in + pads - dilation x (kernel - 1) - 1) / stride + 1``
+    rounded down (up with ceil_mode, where the end pad and the stride cannot start a last
+    window past the input, which ONNX Runtime would drop: not followed otherwise), or
+    ``in / stride`` rounded up for auto_pad SAME; it must be at least ``dilation x (kernel -
+    1) + 1 - pads`` (what a guess gives the name at least). The batch is the input's, the
+    channels the weight's first extent (Conv) or the input's."""
+    data = rules.shape(node.inputs[0])
+    if data is None or len(data) < 3:
+        return
+    attrs = {a.name: a for a in node.proto.attribute}
+    spatial = len(data) - 2
+    weight = rules.shape(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
+    kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else list(weight[2:]) if weight else None
+    if kernel is None or len(kernel) != spatial or not all(isinstance(k, int) for k in kernel):
+        return
+    strides, dilations = (list(attrs[n].ints) if n in attrs else [1] * spatial for n in ("strides", "dilations"))
+    pads = list(attrs["pads"].ints) if "pads" in attrs else [0] * 2 * spatial
+    auto_pad = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+    ceil_mode = "ceil_mode" in attrs and attrs["ceil_mode"].i
+    if not len(strides) == len(dilations) == spatial or len(pads) != 2 * spatial:
+        return
+    dims: list[Dim] = [data[0], (weight[0] if weight else None) if node.op_type == "Conv" else data[1]]
+    for axis, (dim, k, stride, dilation) in enumerate(zip(data[2:], kernel, strides, dilations)):
+        if auto_pad.startswith("SAME"):
+            dims.append(_divided(dim, stride - 1, stride))
+            continue
+        window = dilation * (k - 1) + 1
+        end_pad = 0 if auto_pad == "VALID" else pads[axis + spatial]
+        span = window - (0 if auto_pad == "VALID" else pads[axis]) - end_pad
+        rules.at_least(dim, span, f"for {node.op_type} {node.label!r}")
+        if not ceil_mode:
+            dims.append(_divided(dim, stride - span, stride))
+        else:
+            dims.append(_divided(dim, 2 * stride - 1 - span, stride) if end_pad + stride <= window else None)
+    for key in node.outputs[:2]:  # MaxPool's indices have its output's shape
+        rules.derive(key, dims)
+
+
+def _divided(dim: Dim, add: int, divisor: int) -> Dim:
+    """``(dim + add) // divisor``."""
+    if isinstance(dim, int):
+        return (dim + add) // divisor
+    if isinstance(dim, Sym):
+        return Sym(dim.name, dim.offset + add * dim.divisor, dim.scale, dim.divisor * divisor)
+    return None
 
 
 def _leaving_out(shape: tuple[Dim, ...], dims: Sequence[Dim]) -> tuple[Dim, ...] | None:
@@ -549,7 +716,7 @@ def _pad(rules: _Rules, node: Node) -> None:
         if not -len(dims) <= axis < len(dims):
             return
         if mirrored:  # a reflection of n needs more than n elements
-            rules.at_least(dims[axis], max(int(before), int(after)) + 1)
+            rules.at_least(dims[axis], max(int(before), int(after)) + 1, f"for Pad {node.label!r}")
         dims[axis] = _sum([dims[axis], int(before + after)])
     rules.derive(node.outputs[0], dims)
 
@@ -558,7 +725,7 @@ def _gather(rules: _Rules, node: Node) -> None:
     """Constant indices on a named axis need it to hold them: index 2 (or -3) needs 3."""
     picked = _picked(rules, node)
     if picked is not None and picked[1].size:
-        rules.at_least(picked[0], max(int(picked[1].max()) + 1, -int(picked[1].min())))
+        rules.at_least(picked[0], max(int(picked[1].max()) + 1, -int(picked[1].min())), f"for Gather {node.label!r}")
 
 
 def _slice(rules: _Rules, node: Node) -> None:
@@ -641,14 +808,15 @@ def _sliced(dim: Dim, start: Dim, end: Dim, step: int) -> Dim:
     ``name - start`` from a start counted from the beginning to the end, ``name - start - k``
     to an end k back from it (``-k``, or ``name - k`` computed from a Shape), and where both
     ends count from the same side (``[0:2]``, ``[-2:]``) the slice taken as fitting in the axis."""
-    if isinstance(end, Sym) and isinstance(dim, Sym) and (end.name, end.scale) == (dim.name, dim.scale):
+    if (isinstance(end, Sym) and isinstance(dim, Sym) and end.affine and dim.affine
+            and (end.name, end.scale) == (dim.name, dim.scale)):
         back_by = end.offset - dim.offset  # the end as counted from the axis' end
         end = TO_THE_END if back_by >= 0 else back_by
     if not isinstance(start, int) or not isinstance(end, int):
         return None
     if isinstance(dim, int):
         return len(range(dim)[start:end:step]) if step else None
-    if not isinstance(dim, Sym) or step != 1:
+    if not isinstance(dim, Sym) or not dim.affine or step != 1:
         return None
     back = end < 0 or end >= TO_THE_END  # the end counted back from the axis' end
     stop = 0 if end >= TO_THE_END else end
@@ -693,7 +861,10 @@ def _sum(dims: Sequence[Dim]) -> Dim:
     total = sum(d for d in dims if isinstance(d, int))
     if not named:
         return total
-    if all(isinstance(d, Sym) and d.name == named[0].name for d in named):
+    if len(named) == 1 and isinstance(named[0], Sym):  # a rounded one adds whole extents: (a + t x d) // d
+        (one,) = named
+        return Sym(one.name, one.offset + total * one.divisor, one.scale, one.divisor)
+    if all(isinstance(d, Sym) and d.affine and d.name == named[0].name for d in named):
         return Sym(named[0].name, total + sum(d.offset for d in named), sum(d.scale for d in named))
     return None
 
@@ -739,7 +910,8 @@ def _loop(rules: _Rules, node: Node) -> None:
 
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
-    "Slice": _slice, "Gather": _gather, "Loop": _loop}
+    "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
+    "AveragePool": _window, "LpPool": _window}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:

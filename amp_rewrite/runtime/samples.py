@@ -149,18 +149,31 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     highs = integer_ranges(model) if any(t.kind in "iu" for t in dtypes.values()) else {}
     tried = set()
     for pins, size in plans():
-        extents = {d: pins[d].extent if d in pins else size or default for d, default in defaults.items()}
+        extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
         plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
                 for name, dims in named.items()}
         if tuple(plan.items()) in tried:
             continue
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
-        description = ", ".join(f"{d}={extent}" + (f" (from {pins[d].origin})" if d in pins else "")
-                                for d, extent in extents.items())
+        description = ", ".join(f"{d}={extent}" + _origin(pins.get(d), extent) for d, extent in extents.items())
         yield (description,
                [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                 for _ in range(count)])
+
+
+def _extent(pin: input_dims.Pin | None, default: int) -> int:
+    """A name's extent: what bound it, else the default, raised to the least its readers need."""
+    if pin is None:
+        return default
+    return max(pin.extent, default) if pin.floor else pin.extent
+
+
+def _origin(pin: input_dims.Pin | None, extent: int) -> str:
+    """What bound a name, or what raised it to its least (``the least for Conv 'c1'``)."""
+    if pin is None or (pin.floor and extent != pin.extent):
+        return ""
+    return f" (the least {pin.origin.removesuffix(input_dims.AT_LEAST)})" if pin.floor else f" (from {pin.origin})"
 
 
 def first_that_runs(candidates: Iterable[tuple[str, list[Sample]]],
