@@ -4,13 +4,15 @@
 built from the common ops (MatMul, Gemm, arithmetic, activations, Softmax,
 LayerNormalization, reductions, Transpose, Reshape to fixed targets and through
 Shape -> Gather/Slice -> Concat computations, Concat, Slice, Gather, Where, Cast
-round trips, Pad, If branches and Loop bodies that read outer values), with inputs
+round trips, Pad, Conv and the pools, Flatten (into a MatMul of the flattened extent),
+If branches and Loop bodies that read outer values), with inputs
 whose declared dimensions may be symbolic ("batch", "seq", unnamed) and constants
 that leave float16's range (elements beyond 65504, below its smallest subnormal,
 or whose products overflow). The feeds are concrete arrays the float32 model runs
 on; most models run for any extent of their symbolic dimensions, some (a Reshape
 to a literal shape, a Gather of a high index along a symbolic axis, an edge or reflect
-Pad of a short unnamed axis) only for the extents the feeds have.
+Pad of a short unnamed axis, a Flatten into a MatMul, a Conv or pool window wider than
+some extents) only for the extents the feeds have.
 
 Every tensor's extent is tracked twice: its value under the feeds, and a symbol
 that says when two extents are equal for every input (a literal int, an input
@@ -508,6 +510,66 @@ def pad(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     return Tensor(g.op("Pad", inputs + extra, mode=mode), dims, t.positive and mode != "constant")
 
 
+def window(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Conv, MaxPool or AveragePool over [N, C, spatial...] (C literal): kernel, stride,
+    dilation, pads or auto_pad, ceil_mode (a pool's, only where ONNX Runtime's rule for a last
+    window that starts past the input cannot apply: then ceil is exact)."""
+    t = pick(draw, pool, lambda t: t.rank in (3, 4) and isinstance(t.dims[1].sym, int))
+    if t is None:
+        return None
+    op = draw(st.sampled_from(("Conv", "MaxPool", "AveragePool")))
+    spatial = t.rank - 2
+    auto_pad = draw(st.sampled_from(("NOTSET", "NOTSET", "VALID", "SAME_UPPER")))
+    kernel = [draw(st.integers(1, 3)) for _ in range(spatial)]
+    # SAME with a stride beyond the kernel makes ONNX Runtime's pool pads negative (an error)
+    strides = [draw(st.integers(1, k if auto_pad == "SAME_UPPER" else 3)) for k in kernel]
+    dilated = op != "AveragePool" and auto_pad != "SAME_UPPER"
+    dilations = [draw(st.integers(1, 2)) if dilated else 1 for _ in range(spatial)]
+    pads = [draw(st.integers(0, k - 1)) for k in kernel * 2] if auto_pad == "NOTSET" else [0] * 2 * spatial
+    ceil_mode = op != "Conv" and auto_pad == "NOTSET" and draw(st.booleans())
+    extents = []
+    for axis, (k, stride, dilation) in enumerate(zip(kernel, strides, dilations)):
+        extent, window_size = t.shape[2 + axis], dilation * (k - 1) + 1
+        if auto_pad == "SAME_UPPER":
+            extents.append(-(-extent // stride))
+            continue
+        span = window_size - pads[axis] - pads[axis + spatial]
+        if extent < span:
+            return None
+        ceil_mode = ceil_mode and pads[axis + spatial] + stride <= window_size
+        extents.append((extent - span + (stride - 1 if ceil_mode else 0)) // stride + 1)
+    attrs = {"strides": strides}
+    attrs.update({"pads": pads} if auto_pad == "NOTSET" else {"auto_pad": auto_pad})
+    if dilated:
+        attrs["dilations"] = dilations
+    inputs, channels = [t.name], t.dims[1]
+    if op == "Conv":
+        channels = fixed(draw(st.sampled_from([1, 2, 4])))
+        inputs.append(g.const(weights(draw, rng, (channels.value, t.shape[1], *kernel)), "w"))
+    else:
+        attrs.update(kernel_shape=kernel, ceil_mode=int(ceil_mode))
+    dims = (t.dims[0], channels, *(computed(g, e, [d]) for e, d in zip(extents, t.dims[2:])))
+    if numel(dims) > MAX_ELEMENTS:
+        return None
+    return Tensor(g.op(op, inputs, **attrs), dims, t.positive and op != "Conv")
+
+
+def flatten(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Flatten at an axis, and often a MatMul whose weight takes the flattened extent that the
+    feeds give (as a classifier's head does: it binds the input extents before it)."""
+    t = pick(draw, pool, lambda t: t.rank >= 2)
+    if t is None:
+        return None
+    axis = draw(st.integers(1, t.rank - 1))
+    dims = tuple(computed(g, numel(part), list(part)) for part in (t.dims[:axis], t.dims[axis:]))
+    flat = g.op("Flatten", [t.name], axis=axis - t.rank if draw(st.booleans()) else axis)
+    if draw(st.booleans()):
+        return Tensor(flat, dims, t.positive)
+    n = draw(st.sampled_from([1, 2, 4, 8]))
+    weight = g.const(weights(draw, rng, (dims[1].value, n)), "w")
+    return Tensor(g.op("MatMul", [flat, weight]), (dims[0], fixed(n)))
+
+
 BODY_OPS = ("unary", "arithmetic", "arithmetic")
 
 
@@ -581,7 +643,7 @@ def loop(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
 
 OPS = {unary: 3, log: 1, arithmetic: 4, matmul: 6, gemm: 2, softmax: 1, layer_norm: 2, reduce: 2, transpose: 1,
        reshape_literal: 2, reshape_computed: 2, concat: 1, slice_: 1, gather: 1, where: 1, cast_round_trip: 1,
-       pad: 1, if_: 1, loop: 1}
+       pad: 1, if_: 1, loop: 1, window: 2, flatten: 1}
 OP_CHOICES = [op for op, weight in OPS.items() for _ in range(weight)]
 
 
@@ -616,7 +678,7 @@ def examples(draw) -> Example:
     opset = draw(st.sampled_from(OPSETS))
     g = Graph(count(), opset, constant_nodes=draw(st.integers(0, 3)) == 0)
     extents: dict[str, int] = {}
-    first = Tensor("x", input_dims(draw, g, extents, draw(st.integers(1, 3))))
+    first = Tensor("x", input_dims(draw, g, extents, draw(st.integers(1, 4))))
     inputs = [first]
     if draw(st.booleans()):
         dims = first.dims[draw(st.integers(0, first.rank - 1)):] if draw(st.booleans()) else \

@@ -755,3 +755,15 @@ def test_light_models_with_named_image_extents_run_the_range_check(name: str) ->
             dim.dim_param = label  # clears its dim_value
     report = convert(m, provider=None)[1]
     assert report.range_check.startswith("measured"), report.range_check
+
+
+def test_a_guess_of_several_names_keeps_the_least_each_needs() -> None:
+    """Rule: x[batch, seq, ?] padded by reflection after its last two axes (seq >= 2, ? >= 2),
+    reshaped to [2, 2, 4]: batch x (seq + 1) x (? + 1) = 16. The others at their least (seq 2)
+    leave 16 / 3; at 1, seq breaks the Pad; seq 3 leaves ? = 3 (found by fuzzing: NOT RUN)."""
+    m = model("""(float[batch,seq,?] x) => (float[2,2,4] y) {
+                     p = Pad<mode = "reflect">(x, pads)
+                     [r1] y = Reshape(p, shape) }""",
+              {"pads": np.array([0, 0, 0, 0, 1, 1], np.int64), "shape": np.array([2, 2, 4], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1', guessed), "
+                           "x[2]=3 (from Reshape 'r1')", {"x": (1, 3, 3)}))

@@ -410,8 +410,10 @@ class _Rules:
         # the others at the guess (and their least) where the count allows, else at their least, else 1
         tries = [{name: max(self.guess, least[name]) for name in others},
                  {name: least[name] for name in others}, dict.fromkeys(others, 1)]
-        if len(others) == 1:  # then the other extents the count allows, for one that the other counts allow too
-            tries += [{others[0]: extent} for extent in range(1, min(fixed[1 - side], MAX_SEARCHED) + 1)]
+        # then each other name at the other extents the count allows, the rest at their least: for
+        # one that the other counts and the leasts allow too
+        tries += [{**{other: least[other] for other in others}, name: extent} for name in others
+                  for extent in range(1, min(fixed[1 - side], MAX_SEARCHED) + 1)]
         # the first guess that keeps every count and every name's least, else the first that keeps
         # every count, else the first that keeps this count and the leasts, else this count alone
         chosen, best = None, None
