@@ -767,3 +767,13 @@ def test_a_guess_of_several_names_keeps_the_least_each_needs() -> None:
               {"pads": np.array([0, 0, 0, 0, 1, 1], np.int64), "shape": np.array([2, 2, 4], np.int64)})
     _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1', guessed), "
                            "x[2]=3 (from Reshape 'r1')", {"x": (1, 3, 3)}))
+
+
+def test_an_index_into_a_flattened_tensor_raises_the_last_name_of_its_product() -> None:
+    """Rule: x[2, 3, ?, seq] reshaped to [-1] (a fresh name for 6 x ? x seq) and indexed at 96
+    needs 97 elements: ? at its least (1), seq at least 17, not the default 8 (found by
+    fuzzing: NOT RUN)."""
+    m = model("""(float[2,3,?,seq] x) => (float y) { f = Reshape(x, flat)
+                                                   [g1] y = Gather<axis = 0>(f, index) }""",
+              {"flat": np.array([-1], np.int64), "index": np.array(96, np.int64)})
+    _binds_and_measures(m, ("x[2]=1, seq=17 (the least for Gather 'g1')", {"x": (2, 3, 1, 17)}))

@@ -366,8 +366,22 @@ class _Rules:
         return all(d.name in self.names for d in dims)
 
     def at_least(self, dim: Dim, extent: int, origin: str) -> None:
-        """``dim`` must be ``extent`` or more."""
-        if isinstance(dim, Sym) and dim.name in self.names and dim.reaching(extent) > self.least.get(dim.name, 1):
+        """``dim`` must be ``extent`` or more (a product, ``products``: the last of its names not
+        bound makes up what the others lack at their least)."""
+        if isinstance(dim, Sym) and dim.name in self.products and dim == Sym(dim.name):
+            extents = [self.extent(d) for d in self.products[dim.name]]
+            unknown = [d for d in extents if isinstance(d, Sym)]
+            if None in extents or not unknown or not self.inputs_only(unknown):
+                return
+            last = unknown[-1].name
+            have = math.prod(d.at(self.least.get(d.name, 1)) if isinstance(d, Sym) and d.name != last else d
+                             for d in extents if not isinstance(d, Sym) or d.name != last)
+            mine = [d for d in unknown if d.name == last]
+            least = self.least.get(last, 1)
+            while have > 0 and have * math.prod(d.at(least) for d in mine) < extent and least < MAX_SEARCHED:
+                least += 1
+            self.at_least(Sym(last), least, origin)
+        elif isinstance(dim, Sym) and dim.name in self.names and dim.reaching(extent) > self.least.get(dim.name, 1):
             self.least[dim.name] = dim.reaching(extent)
             self.least_origin[dim.name] = origin
 
