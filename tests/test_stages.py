@@ -99,3 +99,19 @@ def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
         runs.run(instrument.session(stages._stage_model(m, runs.head, stage, types, runs.weights)), stage, values)
     assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and values == {}
     assert set(runs.measured) == set(keys.values())
+
+
+def test_packed_statistics_cross_a_pickle_and_read_as_the_dict_they_pack() -> None:
+    """What the measuring child sends its caller: every key reads back the statistics it had
+    (counts as ints, the peak as a float), and a key not measured reads as missing."""
+    import pickle
+
+    m = control_flow()
+    keys = instrument.float_values(m)
+    stats = _staged(m, keys, samples.generate(m, 2, seed=3))
+    packed = pickle.loads(pickle.dumps(instrument.PackedStats(stats)))
+    assert len(packed) == len(stats) > 0
+    for key, value in stats.items():
+        got = packed.get(key)
+        assert got == value and all(type(a) is type(b) for a, b in zip(got, value)), key
+    assert packed.get((0, "no such value")) is None

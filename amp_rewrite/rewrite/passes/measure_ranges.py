@@ -93,13 +93,13 @@ class MeasureRanges:
         source = _source(analysis, calibrated)
         measured, sources = analysis.measured, None
         if measured is None:
-            sources = {v.key: _same_elements_source(analysis, v) for v in watched}
+            sources = {v.key: found for v in watched if (found := _same_elements_source(analysis, v)) != v.key}
             if analysis.speculate and analysis.measuring is not None:
                 analysis.pending = Pending(watched, sources, calibrated, source)
                 analysis.range_check = "pending"
                 return
             try:
-                measured = _measure(analysis, sources)
+                measured = _measure(analysis, watched, sources)
             except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
                 why = f"onnxruntime could not run the model on {source} ({_first_line(exc)})"
                 if source != _GENERATED or options.shapes or options.range_check == "on":
@@ -192,13 +192,13 @@ def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey,
             measured: Mapping[ValueKey, instrument.ValueStats], calibrated: bool,
             source: str) -> tuple[int, list[tuple[Value, str]]]:
     """How many watched values were measured (``sources``: the key each one's statistics are
-    under, ``_same_elements_source``; None: its own), and those that must stay float32, each
-    with the measured reason: one pass over them."""
+    under, ``_same_elements_source``, where it is not its own; None: all their own), and those
+    that must stay float32, each with the measured reason: one pass over them."""
     options = analysis.options
     limit = analysis.precision.max / options.headroom
     count, verdicts = 0, []
     for value in watched:
-        stats = measured.get(value.key if sources is None else sources[value.key])
+        stats = measured.get(value.key if sources is None else sources.get(value.key, value.key))
         if stats is None:
             continue
         count += 1
@@ -237,7 +237,8 @@ class Pending:
 
     watched: list[Value]
     sources: dict[ValueKey, ValueKey]
-    """Each watched value's ``_same_elements_source``: the value whose statistics stand for it."""
+    """The ``_same_elements_source`` of each watched value whose statistics stand under another's
+    key (the others' stand under their own: a dict of every one held 5 MB at 50k nodes)."""
     calibrated: bool
     source: str
     """What the values are measured on (the report's words)."""
@@ -274,14 +275,16 @@ class Measurement:
             self._started = None
 
 
-def _measure(analysis: Analysis, sources: dict[ValueKey, ValueKey]) -> dict[ValueKey, instrument.ValueStats]:
-    """The statistics of the watched values' sources (``sources``: each one's
-    ``_same_elements_source``), by source: from the measurement ``start`` began, or where it
+def _measure(analysis: Analysis, watched: list[Value],
+             sources: dict[ValueKey, ValueKey]) -> Mapping[ValueKey, instrument.ValueStats]:
+    """The statistics of the watched values' sources (``sources``: their
+    ``_same_elements_source`` where it is another value), by source: from the measurement ``start`` began, or where it
     failed (or did not start), measured now in a child process (``isolate``), stage by stage
     (``stages``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
-        work = _work(analysis.index.model, analysis.options, analysis.base_dir, sorted(set(sources.values())))
+        keys = sorted({sources.get(v.key, v.key) for v in watched})
+        work = _work(analysis.index.model, analysis.options, analysis.base_dir, keys)
         found = isolated(work, "onnxruntime (range check)")
     _describe(analysis, found[0])
     return found[1]
@@ -304,14 +307,14 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
     thresholds = instrument.Thresholds.of(options.precision)
     top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
 
-    def work(progress: Progress) -> tuple[str, dict]:
+    def work(progress: Progress) -> tuple[str, instrument.PackedStats]:
         # a copy where the work runs in this process: the Sigmoids are made exact in place
         lifted = instrument.lift_nested(model, keys, thresholds, copy=not FORKS)
         instrument.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
-            lambda data: stages.measure(lifted.model, top, lifted.stats, data, thresholds, base_dir,
-                                        progress, threads))
+            lambda data: instrument.PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
+                                                               base_dir, progress, threads)))
 
     return work
 
