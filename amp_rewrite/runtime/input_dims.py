@@ -330,8 +330,8 @@ class _Rules:
             if len(fixed) == 1:
                 extent = next(iter(fixed))
                 for d in extents:
-                    if isinstance(d, Sym) and d.name in self.products and d == Sym(d.name):
-                        self.same_count(self.products[d.name], (extent,), origin)
+                    if (product := self.product_of(d)) is not None:
+                        self.same_count(product, (extent,), origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
 
@@ -365,22 +365,25 @@ class _Rules:
         the input names beside it for nothing."""
         return all(d.name in self.names for d in dims)
 
+    def product_of(self, dim: Dim) -> tuple[Dim, ...] | None:
+        """The dimensions whose product ``dim`` is, where it is a fresh name standing for one."""
+        return self.products.get(dim.name) if isinstance(dim, Sym) and dim == Sym(dim.name) else None
+
     def at_least(self, dim: Dim, extent: int, origin: str) -> None:
         """``dim`` must be ``extent`` or more (a product, ``products``: the last of its names not
         bound makes up what the others lack at their least)."""
-        if isinstance(dim, Sym) and dim.name in self.products and dim == Sym(dim.name):
-            extents = [self.extent(d) for d in self.products[dim.name]]
+        if (product := self.product_of(dim)) is not None:
+            extents = [self.extent(d) for d in product]
             unknown = [d for d in extents if isinstance(d, Sym)]
             if None in extents or not unknown or not self.inputs_only(unknown):
                 return
             last = unknown[-1].name
             have = math.prod(d.at(self.least.get(d.name, 1)) if isinstance(d, Sym) and d.name != last else d
                              for d in extents if not isinstance(d, Sym) or d.name != last)
-            mine = [d for d in unknown if d.name == last]
             least = self.least.get(last, 1)
-            while have > 0 and have * math.prod(d.at(least) for d in mine) < extent and least < MAX_SEARCHED:
-                least += 1
-            self.at_least(Sym(last), least, origin)
+            if have > 0 and least < MAX_SEARCHED:
+                needed = _reaching([d for d in unknown if d.name == last], -(-extent // have))
+                self.at_least(Sym(last), max(least, min(needed, MAX_SEARCHED)), origin)
         elif isinstance(dim, Sym) and dim.name in self.names and dim.reaching(extent) > self.least.get(dim.name, 1):
             self.least[dim.name] = dim.reaching(extent)
             self.least_origin[dim.name] = origin
@@ -480,18 +483,24 @@ class _Rules:
         return True
 
 
-def _solutions(dims: Sequence[Sym], count: int) -> Iterator[int]:
-    """The extents of the name that ``dims`` share at which their product is ``count``, least
-    first (a binary search, the product growing with the name; then on while it holds: a
-    rounded dimension holds over several)."""
+def _reaching(dims: Sequence[Sym], count: int) -> int:
+    """The least extent of the name that ``dims`` share at which their product is ``count`` or
+    more (a binary search: the product grows with the name)."""
     low = max(1, *(d.reaching(1) for d in dims))
     high = max(low, *(d.reaching(count) for d in dims))  # each factor alone reaches count there
     while low < high:
         middle = (low + high) // 2
         low, high = (middle + 1, high) if math.prod(d.at(middle) for d in dims) < count else (low, middle)
-    while math.prod(d.at(low) for d in dims) == count:
-        yield low
-        low += 1
+    return low
+
+
+def _solutions(dims: Sequence[Sym], count: int) -> Iterator[int]:
+    """The extents of the name that ``dims`` share at which their product is ``count``, least
+    first (on from ``_reaching`` while it holds: a rounded dimension holds over several)."""
+    extent = _reaching(dims, count)
+    while math.prod(d.at(extent) for d in dims) == count:
+        yield extent
+        extent += 1
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
@@ -621,8 +630,9 @@ def _window(rules: _Rules, node: Node) -> None:
     if kernel is None or len(kernel) != spatial or not all(isinstance(k, int) for k in kernel):
         return
     strides, dilations = (list(attrs[n].ints) if n in attrs else [1] * spatial for n in ("strides", "dilations"))
-    pads = list(attrs["pads"].ints) if "pads" in attrs else [0] * 2 * spatial
     auto_pad = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+    # pads count only where auto_pad is NOTSET (VALID pads nothing)
+    pads = list(attrs["pads"].ints) if "pads" in attrs and auto_pad == "NOTSET" else [0] * 2 * spatial
     ceil_mode = "ceil_mode" in attrs and attrs["ceil_mode"].i
     if not len(strides) == len(dilations) == spatial or len(pads) != 2 * spatial:
         return
@@ -632,8 +642,8 @@ def _window(rules: _Rules, node: Node) -> None:
             dims.append(_divided(dim, stride - 1, stride))
             continue
         window = dilation * (k - 1) + 1
-        end_pad = 0 if auto_pad == "VALID" else pads[axis + spatial]
-        span = window - (0 if auto_pad == "VALID" else pads[axis]) - end_pad
+        end_pad = pads[axis + spatial]
+        span = window - pads[axis] - end_pad
         rules.at_least(dim, span, f"for {node.op_type} {node.label!r}")
         if not ceil_mode:
             dims.append(_divided(dim, stride - span, stride))

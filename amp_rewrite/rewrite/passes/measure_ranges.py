@@ -278,9 +278,9 @@ class Measurement:
 def _measure(analysis: Analysis, watched: list[Value],
              sources: dict[ValueKey, ValueKey]) -> Mapping[ValueKey, instrument.ValueStats]:
     """The statistics of the watched values' sources (``sources``: their
-    ``_same_elements_source`` where it is another value), by source: from the measurement ``start`` began, or where it
-    failed (or did not start), measured now in a child process (``isolate``), stage by stage
-    (``stages``)."""
+    ``_same_elements_source`` where it is another value), by source: from the measurement
+    ``start`` began, or where it failed (or did not start), measured now in a child process
+    (``isolate``), stage by stage (``stages``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
         keys = sorted({sources.get(v.key, v.key) for v in watched})
