@@ -526,17 +526,19 @@ def window(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     dilated = op != "AveragePool" and auto_pad != "SAME_UPPER"
     dilations = [draw(st.integers(1, 2)) if dilated else 1 for _ in range(spatial)]
     pads = [draw(st.integers(0, k - 1)) for k in kernel * 2] if auto_pad == "NOTSET" else [0] * 2 * spatial
-    ceil_mode = op != "Conv" and auto_pad == "NOTSET" and draw(st.booleans())
+    windows = [dilation * (k - 1) + 1 for k, dilation in zip(kernel, dilations)]
+    # one ceil_mode for every axis: only where no axis' end pad and stride reach past its window
+    ceil_mode = (op != "Conv" and auto_pad == "NOTSET" and draw(st.booleans())
+                 and all(pads[axis + spatial] + stride <= w for axis, (stride, w) in enumerate(zip(strides, windows))))
     extents = []
-    for axis, (k, stride, dilation) in enumerate(zip(kernel, strides, dilations)):
-        extent, window_size = t.shape[2 + axis], dilation * (k - 1) + 1
+    for axis, (stride, window_size) in enumerate(zip(strides, windows)):
+        extent = t.shape[2 + axis]
         if auto_pad == "SAME_UPPER":
             extents.append(-(-extent // stride))
             continue
         span = window_size - pads[axis] - pads[axis + spatial]
         if extent < span:
             return None
-        ceil_mode = ceil_mode and pads[axis + spatial] + stride <= window_size
         extents.append((extent - span + (stride - 1 if ceil_mode else 0)) // stride + 1)
     attrs = {"strides": strides}
     attrs.update({"pads": pads} if auto_pad == "NOTSET" else {"auto_pad": auto_pad})
