@@ -777,3 +777,23 @@ def test_an_index_into_a_flattened_tensor_raises_the_last_name_of_its_product() 
                                                    [g1] y = Gather<axis = 0>(f, index) }""",
               {"flat": np.array([-1], np.int64), "index": np.array(96, np.int64)})
     _binds_and_measures(m, ("x[2]=1, seq=17 (the least for Gather 'g1')", {"x": (2, 3, 1, 17)}))
+
+
+def test_two_flattenings_of_one_tensor_concatenated_count_twice_its_product() -> None:
+    """Rule: x[batch, seq] reshaped to [Shape(x)[0] x Shape(x)[1]] and to [-1] gives one product
+    (one fresh name for batch x seq); concatenated, 2 x batch x seq, reshaped to [2, 2]: batch x
+    seq = 2 (found by fuzzing: NOT RUN, the Mul of two Shapes was not followed and the Concat
+    of two fresh names was no dimension)."""
+    m = model("""(float[batch,seq] x) => (float[2,2] y) {
+                     rows = Shape<start = 0, end = 1>(x)
+                     dims = Shape(x)
+                     col = Gather<axis = 0>(dims, one)
+                     cols = Unsqueeze(col, zero)
+                     count = Mul(rows, cols)
+                     a = Reshape(x, count)
+                     b = Reshape(x, flat)
+                     c = Concat<axis = 0>(a, b)
+                     [r1] y = Reshape(c, shape) }""",
+              {"one": np.array(1, np.int64), "zero": np.array([0], np.int64), "flat": np.array([-1], np.int64),
+               "shape": np.array([2, 2], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 2)}))

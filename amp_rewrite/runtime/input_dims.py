@@ -330,8 +330,8 @@ class _Rules:
             if len(fixed) == 1:
                 extent = next(iter(fixed))
                 for d in extents:
-                    if (product := self.product_of(d)) is not None:
-                        self.same_count(product, (extent,), origin)
+                    if isinstance(d, Sym) and d.name in self.products:
+                        self.same_count((d,), (extent,), origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
 
@@ -340,7 +340,7 @@ class _Rules:
         last name of ``dims`` not yet bound makes up what the fixed extents lack, at the
         smallest extent that does (others at their least, 1 mostly; a name may appear more
         than once: seq x seq a multiple of 4 makes seq 2)."""
-        extents = [self.extent(d) for d in dims]
+        extents = [self.extent(d) for d in self.spread(dims)]
         factors = [self.extent(f) for f in factors]
         if not self.multiples or None in extents or not all(isinstance(f, int) for f in factors):
             return
@@ -368,6 +368,20 @@ class _Rules:
     def product_of(self, dim: Dim) -> tuple[Dim, ...] | None:
         """The dimensions whose product ``dim`` is, where it is a fresh name standing for one."""
         return self.products.get(dim.name) if isinstance(dim, Sym) and dim == Sym(dim.name) else None
+
+    def spread(self, dims: Sequence[Dim], within: frozenset[str] = frozenset()) -> list[Dim]:
+        """``dims`` with each fresh name standing for a product (``products``; scaled: ``2 x
+        unk__0``) replaced by its factors, those of products in turn (not those ``within``,
+        being spread already)."""
+        spread: list[Dim] = []
+        for dim in dims:
+            if (isinstance(dim, Sym) and dim.name in self.products and dim.affine and not dim.offset
+                    and dim.name not in within):
+                spread += [dim.scale] if dim.scale != 1 else []
+                spread += self.spread(self.products[dim.name], within | {dim.name})
+            else:
+                spread.append(dim)
+        return spread
 
     def at_least(self, dim: Dim, extent: int, origin: str) -> None:
         """``dim`` must be ``extent`` or more (a product, ``products``: the last of its names not
@@ -399,6 +413,7 @@ class _Rules:
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown
         (where it appears more than once too: batch x (batch + 1) = 12)."""
+        left, right = self.spread(left), self.spread(right)
         fixed, named = [1, 1], [Counter(), Counter()]
         for side, dims in enumerate((left, right)):
             for dim in map(self.extent, dims):
@@ -504,25 +519,36 @@ def _solutions(dims: Sequence[Sym], count: int) -> Iterator[int]:
 
 
 def _reshape(rules: _Rules, node: Node) -> None:
-    data, target = rules.shape(node.inputs[0]), rules.constant(node.inputs[1] if len(node.inputs) > 1 else None)
+    """The target's dimensions (constant, or computed from Shapes: ``_shape_value``); a -1 takes
+    what is left; a target dimension that is a product of names (Shape(x)[0] x Shape(x)[1]), and
+    a -1 that takes several names, leave a fresh name standing for the product (``_product``)."""
+    data = rules.shape(node.inputs[0])
+    target = _shape_value(rules, node.inputs[1]) if len(node.inputs) > 1 else None
     if data is None or target is None:
         return
     allowzero = any(a.name == "allowzero" and a.i for a in node.proto.attribute)
     if not allowzero and any(t == 0 and i >= len(data) for i, t in enumerate(target)):
         return
-    result = [data[i] if t == 0 and not allowzero else int(t) for i, t in enumerate(target)]
-    if (target == -1).sum() == 1:
-        at = int(np.flatnonzero(target == -1)[0])
-        rest = _left_over(data, result[:at] + result[at + 1:])
-        if rest is None and (left := _leaving_out(data, result[:at] + result[at + 1:])) is not None:
-            rest = _product(rules, node.outputs[0], at, left)
-        if rest is not None:
-            rules.derive(node.outputs[0], [*result[:at], rest, *result[at + 1:]])
+    result = [data[i] if t == 0 and not allowzero else t for i, t in enumerate(target)]
+    missing = [i for i, t in enumerate(target) if t == -1]
+    if len(missing) == 1:
+        at = missing[0]
+        result[at] = _left_over(data, _factors(result[:at] + result[at + 1:]))
+        if result[at] is None and (left := _leaving_out(data, _factors(result[:at] + result[at + 1:]))) is not None:
+            result[at] = left
+    rules.derive(node.outputs[0], [_product(rules, node.outputs[0], i, d) if isinstance(d, tuple) else d
+                                   for i, d in enumerate(result)])
+    known = [d for d, t in zip(result, target) if t != -1]
     for counted, times, per in _reshaped_from(rules, node.inputs[0]):
-        if not (target < 0).any():  # counted x per = result x times
-            rules.same_count((*counted, per), (*result, times), f"Reshape {node.label!r}")
+        if not missing:  # counted x per = result x times
+            rules.same_count((*counted, per), (*_factors(result), times), f"Reshape {node.label!r}")
         elif times == per:  # a -1 takes what is left: the count need only be a multiple of the rest
-            rules.multiple_of(counted, [d for d, t in zip(result, target) if t >= 0], f"Reshape {node.label!r}")
+            rules.multiple_of(counted, _factors(known), f"Reshape {node.label!r}")
+
+
+def _factors(dims: Sequence[Dim | tuple[Dim, ...]]) -> list[Dim]:
+    """``dims`` with each product (a tuple of its factors, as ``_shape_value`` gives it) spread out."""
+    return [f for d in dims for f in (d if isinstance(d, tuple) else (d,))]
 
 
 def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
@@ -594,8 +620,12 @@ def _product(rules: _Rules, key: ValueKey | None, position: int, dims: Sequence[
         return dims[0]
     inferred = rules.index.values[key].shape if key is not None else None
     name = inferred[position] if inferred is not None and position < len(inferred) else None
-    if isinstance(name, str) and name not in rules.names:
-        rules.products.setdefault(name, tuple(dims))
+    if isinstance(name, str) and name not in rules.names and name not in rules.products:
+        same = next((other for other, factors in rules.products.items() if Counter(factors) == Counter(dims)), None)
+        if same is None:
+            rules.products[name] = tuple(dims)
+        else:  # one name for one product: two flattenings of x concatenated are 2 x (batch x seq)
+            rules.aliases.setdefault(name, Sym(same))
     return None
 
 
@@ -780,15 +810,15 @@ def _bounds(rules: _Rules, node: Node, position: int, attribute: str) -> Sequenc
 
 
 SHAPE_ARITHMETIC = frozenset({"Shape", "Identity", "Cast", "Squeeze", "Unsqueeze", "Concat", "Gather", "Slice", "Add",
-                              "Sub"})
+                              "Sub", "Mul"})
 """The ops through which ``_shape_value`` follows a tensor of dimensions back to a Shape."""
 
 
-def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
+def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim | tuple[Dim, ...]] | None:
     """The elements of a small int tensor as dimensions: a constant's, or those a Shape gives
     (its start and end), through Identity, Cast, Squeeze, Unsqueeze, Concat, Gather of constant
-    indices, Slice of constant bounds, and Add or Sub of a constant (``Shape(x)[0] - 1`` is
-    ``batch - 1``)."""
+    indices, Slice of constant bounds, Add or Sub of a constant (``Shape(x)[0] - 1`` is
+    ``batch - 1``), and Mul (``_times``: a product of names is the tuple of its factors)."""
     constant = rules.constant(key)
     if constant is not None:
         return [int(v) for v in constant]
@@ -817,16 +847,33 @@ def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim] | None:
             (start,), (end,), _, (step,) = bounds
             return parts[0][start:end:step]
         return None
-    if op in ("Add", "Sub") and len(parts) == 2:
+    if op in ("Add", "Sub", "Mul") and len(parts) == 2:
         left, right = (p * len(parts[1 - i]) if len(p) == 1 else p for i, p in enumerate(parts))
         if len(left) != len(right):
             return None
+        if op == "Mul":
+            return [_times(a, b) for a, b in zip(left, right)]
         if op == "Sub":  # only constants are subtracted: a name's negative is no dimension
             if not all(isinstance(d, int) for d in right):
                 return None
             right = [-d for d in right]
         return [_sum([a, b]) for a, b in zip(left, right)]
     return None
+
+
+def _times(a: Dim | tuple[Dim, ...], b: Dim | tuple[Dim, ...]) -> Dim | tuple[Dim, ...]:
+    """``a x b``: a fixed extent, a name scaled (``2 x batch``), or where several dimensions with
+    names meet, the tuple of the factors."""
+    factors = _factors([a, b])
+    if None in factors:
+        return None
+    fixed = math.prod(f for f in factors if isinstance(f, int))
+    named = [f for f in factors if isinstance(f, Sym)]
+    if not named or fixed == 0:
+        return fixed
+    if len(named) == 1 and named[0].affine:
+        return Sym(named[0].name, named[0].offset * fixed, named[0].scale * fixed)
+    return (*named, fixed) if fixed != 1 else tuple(named)
 
 
 def _sliced(dim: Dim, start: Dim, end: Dim, step: int) -> Dim:
