@@ -70,6 +70,7 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
     as ``analyze`` takes them."""
     with gc_paused():
         analysis = analyze(proto, options, base_dir, measured, measuring=measuring, speculate=speculate)
+        release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
