@@ -159,17 +159,16 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
 
 
 class _Pieces:
-    """A message's serialized form as a list of pieces: bytes, and the tensors and repeated
-    fields that are serialized (or converted) only as they are written; ``size`` is known
-    before writing."""
+    """A message's serialized form as a list of pieces: bytes, and the tensors that are
+    serialized (or converted) only as they are written; ``size`` is known before writing."""
 
     def __init__(self) -> None:
-        self.items: list[bytes | onnx.TensorProto | _Converted | _Repeated | _Pieces] = []
+        self.items: list[bytes | bytearray | onnx.TensorProto | _Converted | _Pieces] = []
         self.size = 0
 
-    def add(self, data: bytes | _Repeated) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         self.items.append(data)
-        self.size += data.size if isinstance(data, _Repeated) else len(data)
+        self.size += len(data)
 
     def add_field(self, number: int, item: onnx.TensorProto | _Converted | _Pieces, size: int) -> None:
         """A length-delimited field: its key and length, then ``item`` of ``size`` bytes."""
@@ -179,7 +178,7 @@ class _Pieces:
 
     def write(self, sink) -> None:
         for item in self.items:
-            if isinstance(item, bytes):
+            if isinstance(item, (bytes, bytearray)):
                 sink.write(item)
             elif isinstance(item, onnx.TensorProto):
                 sink.write(item.SerializeToString())
@@ -190,64 +189,44 @@ class _Pieces:
 class _Converted:
     """A float32 tensor written in another precision: its fields before ``raw_data``, the
     converted values as ``raw_data``, then its fields after (the bytes that ``tensors.
-    convert_embedded`` followed by serialization would give, without changing the model).
-    Its size is counted ahead from the tensor's (its float32 values as stored, the new ones
-    instead; the element type's number is one byte either way), its bytes made as it is
-    written: a model's thousands of tensors hold no serialized copy while they wait."""
+    convert_embedded`` followed by serialization would give, without changing the model)."""
 
-    __slots__ = ("tensor", "precision", "count", "size")
+    __slots__ = ("tensor", "precision", "count", "head", "tail", "size")
 
     def __init__(self, tensor: onnx.TensorProto, precision: Precision) -> None:
         self.tensor, self.precision = tensor, precision
-        self.count = math.prod(tensor.dims)
-        # values of another count than the shape's are refused as they are written
-        stored = _length_delimited_size(4 * self.count) if tensor.HasField("raw_data") else 0
-        packed = _length_delimited_size(4 * len(tensor.float_data)) if len(tensor.float_data) else 0
-        converted = _length_delimited_size(self.count * precision.numpy_type.itemsize)
-        self.size = tensor.ByteSize() - stored - packed + converted
+        head = onnx.TensorProto()
+        head.CopyFrom(tensor)
+        head.ClearField("raw_data")
+        head.ClearField("float_data")
+        head.data_type = precision.onnx_type
+        self.tail = b""
+        fields = head.ListFields()
+        if fields[-1][0].number > _RAW_DATA:  # fields come by number: most tensors have none after raw_data
+            tail = onnx.TensorProto()
+            for field, _ in fields:
+                if field.number > _RAW_DATA:
+                    _copy_field(head, tail, field)
+                    head.ClearField(field.name)
+            self.tail = tail.SerializeToString()
+        self.count = math.prod(head.dims)
+        nbytes = self.count * precision.numpy_type.itemsize
+        self.head = head.SerializeToString() + _RAW_DATA_KEY + _varint(nbytes)
+        self.size = len(self.head) + nbytes + len(self.tail)
 
     def write(self, sink) -> None:
         data = float32_values(self.tensor, None).astype(self.precision.numpy_type)
         if data.size != self.count:
             raise UserError(f"tensor {self.tensor.name!r} holds {data.size} values, not the {self.count} of its shape")
-        head = onnx.TensorProto()
-        tail = onnx.TensorProto()
-        for field, _ in self.tensor.ListFields():  # all but the values, the element type new
-            if field.number not in _VALUES:
-                _copy_field(self.tensor, head if field.number < _RAW_DATA else tail, field)
-        head.data_type = self.precision.onnx_type
-        sink.write(head.SerializeToString() + _RAW_DATA_KEY + _varint(data.nbytes))
+        sink.write(self.head)
         sink.write(data.reshape(-1).view(np.uint8))
-        sink.write(tail.SerializeToString())
-
-
-class _Repeated:
-    """A repeated message field (a graph's nodes), each item serialized as it is written; the
-    size counted ahead from the items' ``ByteSize``: no buffer holds the field's bytes."""
-
-    __slots__ = ("messages", "key", "size")
-
-    def __init__(self, number: int, messages) -> None:
-        self.messages, self.key = messages, _varint(number << 3 | 2)
-        self.size = sum(len(self.key) + len(_varint(n)) + n for n in (m.ByteSize() for m in messages))
-
-    def write(self, sink) -> None:
-        key = self.key
-        for message in self.messages:
-            data = message.SerializeToString()
-            sink.write(key + _varint(len(data)) + data)
+        sink.write(self.tail)
 
 
 _GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
 _INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
 _RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
 _RAW_DATA_KEY = bytes([_RAW_DATA << 3 | 2])
-_VALUES = {onnx.TensorProto.DESCRIPTOR.fields_by_name[name].number for name in ("raw_data", "float_data")}
-
-
-def _length_delimited_size(nbytes: int) -> int:
-    """The bytes of a length-delimited field of a one-byte key that holds ``nbytes``."""
-    return 1 + len(_varint(nbytes)) + nbytes
 
 
 def _pieces(model: onnx.ModelProto, deferred: Mapping[str, Precision]) -> _Pieces:
@@ -269,13 +248,13 @@ def _pieces(model: onnx.ModelProto, deferred: Mapping[str, Precision]) -> _Piece
                 item = tensor if precision is None else _Converted(tensor, precision)
                 body.add_field(field.number, item, tensor.ByteSize() if precision is None else item.size)
         else:
-            body.add(_field_piece(graph, field))
+            body.add(_field_bytes(graph, field))
     pieces = _Pieces()
     for field, _ in model.ListFields():
         if field.number == _GRAPH:
             pieces.add_field(field.number, body, body.size)
         else:
-            pieces.add(_field_piece(model, field))
+            pieces.add(_field_bytes(model, field))
     return pieces
 
 
@@ -285,11 +264,18 @@ def length_delimited(number: int, data: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
-def _field_piece(message, field) -> bytes | _Repeated:
-    """One field of ``message`` as protobuf serializes it (repeated messages item by item, as
-    they are written: copying them into a shell message would cost more)."""
+def _field_bytes(message, field) -> bytes | bytearray:
+    """One field of ``message`` as protobuf serializes it (repeated messages item by item, into
+    one buffer: cheaper than copying them, and no second copy of the nodes' bytes)."""
     if _is_repeated(field) and field.message_type is not None:
-        return _Repeated(field.number, getattr(message, field.name))
+        key = _varint(field.number << 3 | 2)
+        out = bytearray()
+        for item in getattr(message, field.name):
+            data = item.SerializeToString()
+            out += key
+            out += _varint(len(data))
+            out += data
+        return out
     shell = type(message)()
     _copy_field(message, shell, field)
     return shell.SerializeToString()
@@ -313,6 +299,8 @@ def _varint(n: int) -> bytes:
     """Protobuf's base-128 encoding of a non-negative integer, low groups first."""
     if n < 0x80:
         return _SMALL_VARINTS[n]
+    if n < 0x4000:  # the lengths of most nodes and tensors
+        return bytes((n & 0x7F | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append(n & 0x7F | 0x80)
