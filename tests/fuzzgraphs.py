@@ -5,14 +5,15 @@ built from the common ops (MatMul, Gemm, arithmetic, activations, Softmax,
 LayerNormalization, reductions, Transpose, Reshape to fixed targets and through
 Shape -> Gather/Slice -> Concat computations, Concat, Slice, Gather, Where, Cast
 round trips, Pad, Conv and the pools, Flatten (into a MatMul of the flattened extent),
-If branches and Loop bodies that read outer values), with inputs
+Expand (to constant or Shape-computed targets), Split, Tile, If branches and Loop
+bodies that read outer values), with inputs
 whose declared dimensions may be symbolic ("batch", "seq", unnamed) and constants
 that leave float16's range (elements beyond 65504, below its smallest subnormal,
 or whose products overflow). The feeds are concrete arrays the float32 model runs
 on; most models run for any extent of their symbolic dimensions, some (a Reshape
 to a literal shape, a Gather of a high index along a symbolic axis, an edge or reflect
 Pad of a short unnamed axis, a Flatten into a MatMul, a Conv or pool window wider than
-some extents) only for the extents the feeds have.
+some extents, an Expand or a Split to literal extents) only for the extents the feeds have.
 
 Every tensor's extent is tracked twice: its value under the feeds, and a symbol
 that says when two extents are equal for every input (a literal int, an input
@@ -481,6 +482,64 @@ def cast_round_trip(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     return Tensor(g.op("Cast", [integer], to=TensorProto.FLOAT), t.dims)
 
 
+def expand(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Expand to a target that keeps an axis (1, or its extent computed from Shape), writes its
+    extent (which pins a named one: to it, or to 1), or widens an axis of 1; maybe a new leading
+    axis. The target is one constant, or a Concat of Shape slices and constants."""
+    t = pick(draw, pool)
+    computed_target = draw(st.booleans())
+    lead = [draw(st.integers(1, 3))] if draw(st.booleans()) else []
+    literal, parts, dims = list(lead), [g.ints(lead)] if lead and computed_target else [], [fixed(e) for e in lead]
+    for axis, d in enumerate(t.dims):
+        if draw(st.booleans()):  # kept
+            literal.append(1)
+            if computed_target:
+                parts.append(shape_of(draw, g, t, axis, axis + 1))
+            dims.append(d)
+        else:
+            extent = draw(st.integers(1, 4)) if d.sym == 1 else d.value
+            literal.append(extent)
+            if computed_target:
+                parts.append(g.ints([extent]))
+            dims.append(fixed(extent))
+    if not literal or numel(dims) > MAX_ELEMENTS:
+        return None
+    concatenated = computed_target and len(parts) > 1
+    target = g.op("Concat", parts, axis=0) if concatenated else parts[0] if computed_target else g.ints(literal)
+    return Tensor(g.op("Expand", [t.name, target]), tuple(dims), t.positive)
+
+
+def split(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Split along an axis of extent 2 or more into literal sizes (which pin a named axis to
+    their sum) or, from opset 18, into ``num_outputs`` even parts; one part goes on."""
+    t = pick(draw, pool, lambda t: any(d.value >= 2 for d in t.dims))
+    if t is None:
+        return None
+    axis = draw(st.sampled_from([i for i, d in enumerate(t.dims) if d.value >= 2]))
+    n = t.shape[axis]
+    written = axis - t.rank * draw(st.integers(0, 1))
+    if g.opset >= 18 and n % 2 == 0 and draw(st.booleans()):
+        parts = g.op("Split", [t.name], 2, axis=written, num_outputs=2)
+        extent = computed(g, n // 2, [t.dims[axis]])
+    else:
+        first = draw(st.integers(1, n - 1))
+        parts = g.op("Split", [t.name, g.ints([first, n - first])], 2, axis=written)
+        extent = fixed(first)
+    dims = tuple(extent if i == axis else d for i, d in enumerate(t.dims))
+    return Tensor(parts[0], dims, t.positive)
+
+
+def tile(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    t = pick(draw, pool, lambda t: t.rank >= 1)
+    if t is None:
+        return None
+    repeats = [draw(st.integers(1, 2)) for _ in t.dims]
+    dims = tuple(d if r == 1 else computed(g, d.value * r, [d]) for d, r in zip(t.dims, repeats))
+    if numel(dims) > MAX_ELEMENTS:
+        return None
+    return Tensor(g.op("Tile", [t.name, g.ints(repeats)]), dims, t.positive)
+
+
 def pad(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     t = pick(draw, pool, lambda t: t.rank >= 1)
     if t is None:
@@ -645,7 +704,7 @@ def loop(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
 
 OPS = {unary: 3, log: 1, arithmetic: 4, matmul: 6, gemm: 2, softmax: 1, layer_norm: 2, reduce: 2, transpose: 1,
        reshape_literal: 2, reshape_computed: 2, concat: 1, slice_: 1, gather: 1, where: 1, cast_round_trip: 1,
-       pad: 1, if_: 1, loop: 1, window: 2, flatten: 1}
+       pad: 1, if_: 1, loop: 1, window: 2, flatten: 1, expand: 1, split: 1, tile: 1}
 OP_CHOICES = [op for op, weight in OPS.items() for _ in range(weight)]
 
 

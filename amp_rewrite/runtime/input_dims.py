@@ -14,7 +14,8 @@ a Shape (``x[:Shape(x)[0] - 1]``, where inference gives up on every axis), Conca
 extent with fixed ones or with itself, and Conv and the pools (kernel, stride, dilation, pads,
 auto_pad; ceil_mode where it cannot drop a last window) give such dimensions, and a fresh name
 that inference gave in their place stands for them wherever it reaches; a fresh name for a
-product (Flatten's, or a Reshape's -1 over several names) stands for the product.
+product (Flatten's, a Reshape's -1 over several names, or a Reshape target computed as
+``Shape(x)[0] x Shape(x)[1]``) stands for the product, one name for each product.
 Then, until nothing new is learnt:
 
 - a Loop body's carried input whose shape its carried output keeps has its initial value's
@@ -29,7 +30,9 @@ Then, until nothing new is learnt:
   fixed extents, and the -1 is the count over the others where that is one dimension
   (``[batch, batch]`` to ``[0, -1]`` is ``[batch, batch]``);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
-- broadcasting (elementwise ops, Expand, MatMul's batch dimensions) against one fixed extent
+- Split into constant sizes: the axis holds their sum;
+- broadcasting (elementwise ops, Expand to a constant or Shape-computed target, MatMul's
+  batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
   dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones;
   a product that meets a fixed extent there is a count: LeNet's Flatten into a Gemm of 864
@@ -728,8 +731,9 @@ def _contracted(rules: _Rules, node: Node | None, shape: tuple[Dim, ...] | None)
 
 def _broadcast(rules: _Rules, node: Node) -> None:
     shapes = [rules.shape(key) for key in node.inputs if key is not None]
-    if node.op_type == "Expand":
-        shapes[1:] = [_as_dims(rules.constant(node.inputs[1]))]
+    if node.op_type == "Expand":  # the target: constant or computed from Shapes (a product: not followed)
+        target = _shape_value(rules, node.inputs[1]) if len(node.inputs) > 1 else None
+        shapes[1:] = [None if target is None else [None if isinstance(d, tuple) else d for d in target]]
     if all(s is not None for s in shapes):
         columns = _aligned(shapes)
         rules.agree(columns, f"{node.op_type} {node.label!r}", broadcast=True)
@@ -775,6 +779,29 @@ def _pad(rules: _Rules, node: Node) -> None:
             rules.at_least(dims[axis], max(int(before), int(after)) + 1, f"for Pad {node.label!r}")
         dims[axis] = _sum([dims[axis], int(before + after)])
     rules.derive(node.outputs[0], dims)
+
+
+def _split(rules: _Rules, node: Node) -> None:
+    """The axis holds the split sizes' sum (sizes [1, 2] make it 3; from its opset 13 an input,
+    before an attribute), each output the size of its part; without sizes, a whole number of
+    equal parts (before opset 18), or at least one element per part (``num_outputs``)."""
+    data = rules.shape(node.inputs[0])
+    if data is None or not data:
+        return
+    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
+    if not -len(data) <= axis < len(data):
+        return
+    axis %= len(data)
+    origin = f"Split {node.label!r}"
+    sizes = _ints(rules, node, 1, "split")
+    if sizes is not None and len(sizes) == len(node.outputs):
+        rules.agree([(data[axis], int(sum(sizes)))], origin)
+        for key, size in zip(node.outputs, sizes):
+            rules.derive(key, [int(size) if i == axis else d for i, d in enumerate(data)])
+    elif any(a.name == "num_outputs" for a in node.proto.attribute):
+        rules.at_least(data[axis], len(node.outputs), f"for {origin}")
+    elif sizes is None and (len(node.inputs) < 2 or node.inputs[1] is None):
+        rules.multiple_of([data[axis]], [len(node.outputs)], origin)
 
 
 def _gather(rules: _Rules, node: Node) -> None:
@@ -924,10 +951,6 @@ def _aligned(shapes: Sequence[Sequence[Dim] | None]) -> list[list[Dim]]:
             for i in range(rank)]
 
 
-def _as_dims(array: np.ndarray | None) -> list[Dim] | None:
-    return None if array is None else [int(v) for v in array]
-
-
 def _sum(dims: Sequence[Dim]) -> Dim:
     """Fixed extents and dimensions of at most one name added up (Concat's axis, a padded one), or None."""
     named = [d for d in dims if not isinstance(d, int)]
@@ -984,7 +1007,7 @@ def _loop(rules: _Rules, node: Node) -> None:
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
-    "AveragePool": _window, "LpPool": _window}
+    "AveragePool": _window, "LpPool": _window, "Split": _split}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
