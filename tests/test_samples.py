@@ -817,3 +817,13 @@ def test_an_expand_to_a_target_computed_from_shapes_binds_the_literal_extents() 
                                                           [e1] y = Expand(x, target) }""",
               {"two": np.array([2], np.int64)})
     _binds_and_measures(m, ("batch=2 (from Expand 'e1'), seq=8", {"x": (2, 8)}))
+
+
+def test_a_tile_multiplies_the_dimension_a_split_binds() -> None:
+    """Rule: x[batch, seq] tiled by [1, 2] is [batch, 2 x seq]; split into [2, 4], seq = 3 (inference
+    names a tiled axis afresh, even for a repeat of 1, and a Split after it failed at 8: found by
+    make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[batch,2] y) { t = Tile(x, repeats)
+                                                          [s0] y, z = Split<axis = 1>(t, sizes) }""",
+              {"repeats": np.array([1, 2], np.int64), "sizes": np.array([2, 4], np.int64)})
+    _binds_and_measures(m, ("batch=8, seq=3 (from Split 's0')", {"x": (8, 3)}))

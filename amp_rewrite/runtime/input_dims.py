@@ -30,7 +30,7 @@ Then, until nothing new is learnt:
   fixed extents, and the -1 is the count over the others where that is one dimension
   (``[batch, batch]`` to ``[0, -1]`` is ``[batch, batch]``);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
-- Split into constant sizes: the axis holds their sum;
+- Split into constant sizes: the axis holds their sum; Tile by constant repeats multiplies;
 - broadcasting (elementwise ops, Expand to a constant or Shape-computed target, MatMul's
   batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
@@ -781,6 +781,14 @@ def _pad(rules: _Rules, node: Node) -> None:
     rules.derive(node.outputs[0], dims)
 
 
+def _tile(rules: _Rules, node: Node) -> None:
+    """Each axis repeated by a constant: ``2 x batch`` (inference gives a repeated named axis a
+    fresh name, even for a repeat of 1)."""
+    data, repeats = rules.shape(node.inputs[0]), _ints(rules, node, 1)
+    if data is not None and repeats is not None and len(repeats) == len(data):
+        rules.derive(node.outputs[0], [_times(d, int(r)) for d, r in zip(data, repeats)])
+
+
 def _split(rules: _Rules, node: Node) -> None:
     """The axis holds the split sizes' sum (sizes [1, 2] make it 3; from its opset 13 an input,
     before an attribute), each output the size of its part; without sizes, a whole number of
@@ -1007,7 +1015,7 @@ def _loop(rules: _Rules, node: Node) -> None:
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
-    "AveragePool": _window, "LpPool": _window, "Split": _split}
+    "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
