@@ -827,3 +827,15 @@ def test_a_tile_multiplies_the_dimension_a_split_binds() -> None:
                                                           [s0] y, z = Split<axis = 1>(t, sizes) }""",
               {"repeats": np.array([1, 2], np.int64), "sizes": np.array([2, 4], np.int64)})
     _binds_and_measures(m, ("batch=8, seq=3 (from Split 's0')", {"x": (8, 3)}))
+
+
+def test_an_if_output_has_the_dimensions_both_branches_give_it() -> None:
+    """Rule: x[batch] padded by one in one branch and given a row more by a Concat in the other
+    is batch + 1 either way (inference names the two afresh and gives the If's output neither);
+    reshaped to [2, 2], batch = 3."""
+    m = model("""(float[batch] x, bool c) => (float[2,2] y) {
+                     i = If(c) <then_branch = g1 () => (float[?] a) { a = Pad(x, pads) },
+                                else_branch = g2 () => (float[?] b) { b = Concat<axis = 0>(x, row) }>
+                     [r1] y = Reshape(i, shape) }""",
+              {"pads": np.array([1, 0], np.int64), "row": np.ones(1, np.float32), "shape": np.array([2, 2], np.int64)})
+    _binds_and_measures(m, ("batch=3 (from Reshape 'r1')", {"x": (3,), "c": ()}))

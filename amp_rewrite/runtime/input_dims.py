@@ -31,6 +31,7 @@ Then, until nothing new is learnt:
   (``[batch, batch]`` to ``[0, -1]`` is ``[batch, batch]``);
 - a fixed extent that the model's value_info or outputs declare where inference has a name;
 - Split into constant sizes: the axis holds their sum; Tile by constant repeats multiplies;
+  an If's output has the dimensions both its branches give it;
 - broadcasting (elementwise ops, Expand to a constant or Shape-computed target, MatMul's
   batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
@@ -781,6 +782,20 @@ def _pad(rules: _Rules, node: Node) -> None:
     rules.derive(node.outputs[0], dims)
 
 
+def _if(rules: _Rules, node: Node) -> None:
+    """An output has the dimensions that both branches give it (inference merges only names
+    that are the same: a Pad by one in one branch and a Concat of one row in the other are
+    both ``batch + 1``, under two fresh names)."""
+    branches = rules.index.subgraphs.get(node.id) or []
+    if len(branches) != 2:
+        return
+    outputs = zip(*(rules.index.graphs[branch].outputs for branch in branches))
+    for key, pair in zip(node.outputs, outputs):
+        then, other = (rules.shape(k) for k in pair)
+        if then is not None and then == other:
+            rules.derive(key, then)
+
+
 def _tile(rules: _Rules, node: Node) -> None:
     """Each axis repeated by a constant: ``2 x batch`` (inference gives a repeated named axis a
     fresh name, even for a repeat of 1)."""
@@ -1015,7 +1030,7 @@ def _loop(rules: _Rules, node: Node) -> None:
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
-    "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile}
+    "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile, "If": _if}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
