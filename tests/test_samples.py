@@ -839,3 +839,12 @@ def test_an_if_output_has_the_dimensions_both_branches_give_it() -> None:
                      [r1] y = Reshape(i, shape) }""",
               {"pads": np.array([1, 0], np.int64), "row": np.ones(1, np.float32), "shape": np.array([2, 2], np.int64)})
     _binds_and_measures(m, ("batch=3 (from Reshape 'r1')", {"x": (3,), "c": ()}))
+
+
+def test_a_reshapes_minus_one_over_several_names_and_a_fixed_extent_is_their_product() -> None:
+    """Rule: x[batch, 1, seq, 4] reshaped to [2, -1] is [2, 2 x batch x seq] (the -1 took one
+    name or none before); split into [1, 3], batch x seq = 2 (found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,1,seq,4] x) => (float[2,1] y) { r = Reshape(x, shape)
+                                                            [s0] y, z = Split<axis = 1>(r, sizes) }""",
+              {"shape": np.array([2, -1], np.int64), "sizes": np.array([1, 3], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Split 's0', guessed), seq=2 (from Split 's0')", {"x": (1, 1, 2, 4)}))

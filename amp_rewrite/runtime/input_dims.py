@@ -538,8 +538,6 @@ def _reshape(rules: _Rules, node: Node) -> None:
     if len(missing) == 1:
         at = missing[0]
         result[at] = _left_over(data, _factors(result[:at] + result[at + 1:]))
-        if result[at] is None and (left := _leaving_out(data, _factors(result[:at] + result[at + 1:]))) is not None:
-            result[at] = left
     rules.derive(node.outputs[0], [_product(rules, node.outputs[0], i, d) if isinstance(d, tuple) else d
                                    for i, d in enumerate(result)])
     known = [d for d, t in zip(result, target) if t != -1]
@@ -555,9 +553,10 @@ def _factors(dims: Sequence[Dim | tuple[Dim, ...]]) -> list[Dim]:
     return [f for d in dims for f in (d if isinstance(d, tuple) else (d,))]
 
 
-def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
-    """What a Reshape's -1 takes where it is one dimension: ``data``'s count over the product of
-    the ``others`` (``batch`` for [batch, batch] to [0, -1]; 2 x seq for [seq, 2] to [-1])."""
+def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim | tuple[Dim, ...]:
+    """What a Reshape's -1 takes: ``data``'s count over the product of the ``others`` (``batch``
+    for [batch, batch] to [0, -1]; 2 x seq for [seq, 2] to [-1]; where several names are left,
+    their product as ``_times`` gives it: (batch, seq, 2) for [batch, 1, seq, 4] to [2, -1])."""
     fixed, named = [1, 1], [Counter(), Counter()]
     for side, dims in enumerate((data, others)):
         for dim in dims:
@@ -573,13 +572,7 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim:
     left = named[0] - named[1]
     if named[1] - named[0] or fixed[1] <= 0 or fixed[0] % fixed[1]:
         return None
-    factor = fixed[0] // fixed[1]
-    if not left:
-        return factor
-    if sum(left.values()) != 1:
-        return None
-    (dim,) = left
-    return Sym(dim.name, 0, dim.scale * factor) if not dim.offset and dim.affine else (dim if factor == 1 else None)
+    return functools.reduce(_times, left.elements(), fixed[0] // fixed[1])
 
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
@@ -613,15 +606,13 @@ def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[
 
 
 def _product(rules: _Rules, key: ValueKey | None, position: int, dims: Sequence[Dim]) -> Dim:
-    """The dimension at ``position`` of ``key`` that is the product of ``dims``: the one of them,
-    or their fixed extents' product; where several name or fix it, None, and the fresh name that
-    inference gave there (``products``) stands for their product."""
-    if None in dims:
-        return None
-    if all(isinstance(d, int) for d in dims):
-        return math.prod(dims)
-    if len(dims) == 1:
-        return dims[0]
+    """The dimension at ``position`` of ``key`` that is the product of ``dims``: a fixed extent or
+    one name scaled (``_times``); where several names meet, None, and the fresh name that
+    inference gave there (``products``) stands for their product (the first such name for
+    each product: the others are its aliases)."""
+    dims = functools.reduce(_times, dims, 1)
+    if not isinstance(dims, tuple):
+        return dims
     inferred = rules.index.values[key].shape if key is not None else None
     name = inferred[position] if inferred is not None and position < len(inferred) else None
     if isinstance(name, str) and name not in rules.names and name not in rules.products:
@@ -921,8 +912,9 @@ def _times(a: Dim | tuple[Dim, ...], b: Dim | tuple[Dim, ...]) -> Dim | tuple[Di
     named = [f for f in factors if isinstance(f, Sym)]
     if not named or fixed == 0:
         return fixed
-    if len(named) == 1 and named[0].affine:
-        return Sym(named[0].name, named[0].offset * fixed, named[0].scale * fixed)
+    if len(named) == 1 and (fixed == 1 or named[0].affine):
+        (one,) = named
+        return one if fixed == 1 else Sym(one.name, one.offset * fixed, one.scale * fixed)
     return (*named, fixed) if fixed != 1 else tuple(named)
 
 
