@@ -338,6 +338,12 @@ class _Rules:
                         self.same_count((d,), (extent,), origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
+            elif broadcast and self.guess and not fixed:  # names broadcast together are taken as equal:
+                bound = {e for d, e in zip(column, extents) if isinstance(d, Sym) and d.name in self.pins}
+                if len(bound) == 1:  # one bound to 1 (x[3] beside y[3] = 1) binds the others to 1
+                    for d in extents:
+                        if isinstance(d, Sym):
+                            self.pin(d, next(iter(bound)), origin + GUESSED)
 
     def multiple_of(self, dims: Sequence[Dim], factors: Sequence[Dim], origin: str) -> None:
         """When guessing multiples: ``dims`` must hold a multiple of the fixed ``factors``' product; the
@@ -376,9 +382,12 @@ class _Rules:
     def spread(self, dims: Sequence[Dim], within: frozenset[str] = frozenset()) -> list[Dim]:
         """``dims`` with each fresh name standing for a product (``products``; scaled: ``2 x
         unk__0``) replaced by its factors, those of products in turn (not those ``within``,
-        being spread already)."""
+        being spread already), and each fresh name that stands for a dimension (``aliases``)
+        by it."""
         spread: list[Dim] = []
         for dim in dims:
+            if isinstance(dim, Sym) and dim == Sym(dim.name) and dim.name in self.aliases:
+                dim = self.aliases[dim.name]  # a factor named afresh that a later rule resolved
             if (isinstance(dim, Sym) and dim.name in self.products and dim.affine and not dim.offset
                     and dim.name not in within):
                 spread += [dim.scale] if dim.scale != 1 else []
