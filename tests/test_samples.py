@@ -877,3 +877,22 @@ def test_names_broadcast_together_take_the_extent_one_of_them_is_bound_to() -> N
     _binds_and_measures(_split_added_and_flattened("ab", 2), (
         "batch=8, seq=1 (from MatMul 'm1', guessed), a=1 (from Add 'a1', guessed), b=1 (from MatMul 'm1')",
         {"x": (8, 2, 1, 1), "y": (8, 2, 1, 1)}))
+
+
+def test_a_loops_scan_output_flattened_reads_the_carried_values_dimension() -> None:
+    """Rule: a Loop body adds x[batch, seq, ?] to its carried value (both named afresh by
+    inference, the sum under a third name that stands for the carried one's, which stands for
+    x's): the scan output flattened into a MatMul of 2 inputs is batch x seq x x[2] = 2 (one
+    step of fresh names was followed: found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq,?] x) => (float[1,1] y) {
+                     last, scan = Loop(trips, go, x) <body = body (int64 i, bool c, float[batch,seq,?] carried)
+                                                      => (bool c_out, float[batch,seq,?] next, float[batch,seq,?] out) {
+                                                          sum = Add(carried, x)
+                                                          next = Relu(sum)
+                                                          c_out = Identity(c)
+                                                          out = Identity(next) }>
+                     f = Flatten<axis = 1>(scan)
+                     [m1] y = MatMul(f, w) }""",
+              {"trips": np.array(1, np.int64), "go": np.array(True), "w": np.full((2, 1), 0.5, np.float32)})
+    _binds_and_measures(m, ("batch=1 (from MatMul 'm1', guessed), seq=1 (from MatMul 'm1', guessed), "
+                           "x[2]=2 (from MatMul 'm1')", {"x": (1, 1, 2)}))

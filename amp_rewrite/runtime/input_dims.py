@@ -253,7 +253,17 @@ class _Rules:
         dims = self.derived.get(key, self.index.values[key].shape)
         if dims is None and (initial := self.initial(key)) is not None:
             return self.shape(initial)
-        return None if dims is None else tuple(self.aliases.get(d, Sym(d)) if isinstance(d, str) else d for d in dims)
+        return None if dims is None else tuple(self.resolved(Sym(d)) if isinstance(d, str) else d for d in dims)
+
+    def resolved(self, dim: Dim) -> Dim:
+        """What a fresh name stands for (``aliases``), through fresh names that stand for others
+        (the Add of a Loop body's carried value and x named afresh, which stands for the carried
+        value's fresh name, which stands for x's dimension)."""
+        seen = set()
+        while isinstance(dim, Sym) and dim == Sym(dim.name) and dim.name in self.aliases and dim.name not in seen:
+            seen.add(dim.name)
+            dim = self.aliases[dim.name]
+        return dim
 
     def initial(self, key: ValueKey) -> ValueKey | None:
         """For a Loop's carried output, its initial value (the Loop's input that it carries)."""
@@ -386,8 +396,7 @@ class _Rules:
         by it."""
         spread: list[Dim] = []
         for dim in dims:
-            if isinstance(dim, Sym) and dim == Sym(dim.name) and dim.name in self.aliases:
-                dim = self.aliases[dim.name]  # a factor named afresh that a later rule resolved
+            dim = self.resolved(dim)  # a factor named afresh that a later rule resolved
             if (isinstance(dim, Sym) and dim.name in self.products and dim.affine and not dim.offset
                     and dim.name not in within):
                 spread += [dim.scale] if dim.scale != 1 else []
