@@ -896,3 +896,14 @@ def test_a_loops_scan_output_flattened_reads_the_carried_values_dimension() -> N
               {"trips": np.array(1, np.int64), "go": np.array(True), "w": np.full((2, 1), 0.5, np.float32)})
     _binds_and_measures(m, ("batch=1 (from MatMul 'm1', guessed), seq=1 (from MatMul 'm1', guessed), "
                            "x[2]=2 (from MatMul 'm1')", {"x": (1, 1, 2)}))
+
+
+def test_a_reshapes_minus_one_may_take_a_fraction_of_a_product() -> None:
+    """Rule: x[batch, seq] reshaped to [2, -1] is [2, batch x seq / 2]; flattened into a MatMul
+    of 2 inputs, batch x seq = 4 (the -1 was no dimension where the names' count is not
+    divisible by 2 whatever they are: found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[2,1] y) { r = Reshape(x, shape)
+                                                        f = Flatten<axis = 1>(r)
+                                                        [m1] y = MatMul(f, w) }""",
+              {"shape": np.array([2, -1], np.int64), "w": np.full((2, 1), 0.5, np.float32)})
+    _binds_and_measures(m, ("batch=1 (from MatMul 'm1', guessed), seq=4 (from MatMul 'm1')", {"x": (1, 4)}))

@@ -67,6 +67,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import onnx
@@ -362,7 +363,8 @@ class _Rules:
         than once: seq x seq a multiple of 4 makes seq 2)."""
         extents = [self.extent(d) for d in self.spread(dims)]
         factors = [self.extent(f) for f in factors]
-        if not self.multiples or None in extents or not all(isinstance(f, int) for f in factors):
+        if (not self.multiples or None in extents or not all(isinstance(f, int) for f in factors)
+                or any(isinstance(e, Fraction) for e in extents)):
             return
         needed = math.prod(factors)
         have = math.prod(e for e in extents if isinstance(e, int))
@@ -443,6 +445,9 @@ class _Rules:
                     return
                 if isinstance(dim, int):
                     fixed[side] *= dim
+                elif isinstance(dim, Fraction):  # a product's 1/2 is a 2 on the other side
+                    fixed[side] *= dim.numerator
+                    fixed[1 - side] *= dim.denominator
                 else:
                     named[side][dim] += 1
         unknown = [named[0] - named[1], named[1] - named[0]]
@@ -503,12 +508,12 @@ class _Rules:
         """Whether the names at ``extents`` (and those bound) keep every count the shapes share."""
         known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
 
-        def count(dims: Sequence[Dim]) -> int | None:
-            total = 1
+        def count(dims: Sequence[Dim]) -> Fraction | None:
+            total = Fraction(1)
             for dim in dims:
                 if isinstance(dim, Sym) and dim.name in known:
                     dim = dim.at(known[dim.name])
-                if not isinstance(dim, int):
+                if not isinstance(dim, (int, Fraction)):
                     return None
                 total *= dim
             return total
@@ -574,7 +579,8 @@ def _factors(dims: Sequence[Dim | tuple[Dim, ...]]) -> list[Dim]:
 def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim | tuple[Dim, ...]:
     """What a Reshape's -1 takes: ``data``'s count over the product of the ``others`` (``batch``
     for [batch, batch] to [0, -1]; 2 x seq for [seq, 2] to [-1]; where several names are left,
-    their product as ``_times`` gives it: (batch, seq, 2) for [batch, 1, seq, 4] to [2, -1])."""
+    their product as ``_times`` gives it: (batch, seq, 2) for [batch, 1, seq, 4] to [2, -1], and
+    (batch, seq, 1/2) for [batch, seq] to [2, -1])."""
     fixed, named = [1, 1], [Counter(), Counter()]
     for side, dims in enumerate((data, others)):
         for dim in dims:
@@ -588,9 +594,11 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim | tuple[Dim, .
                 fixed[side] *= dim.scale
                 named[side][Sym(dim.name)] += 1
     left = named[0] - named[1]
-    if named[1] - named[0] or fixed[1] <= 0 or fixed[0] % fixed[1]:
+    if named[1] - named[0] or fixed[1] <= 0 or (fixed[0] % fixed[1] and not left):
         return None
-    return functools.reduce(_times, left.elements(), fixed[0] // fixed[1])
+    if not left:
+        return fixed[0] // fixed[1]
+    return functools.reduce(_times, left.elements(), Fraction(fixed[0], fixed[1]))
 
 
 def _reshaped_from(rules: _Rules, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
@@ -922,15 +930,18 @@ def _shape_value(rules: _Rules, key: ValueKey | None) -> list[Dim | tuple[Dim, .
 
 def _times(a: Dim | tuple[Dim, ...], b: Dim | tuple[Dim, ...]) -> Dim | tuple[Dim, ...]:
     """``a x b``: a fixed extent, a name scaled (``2 x batch``), or where several dimensions with
-    names meet, the tuple of the factors."""
+    names meet (or a fraction: half of ``batch x seq``), the tuple of the factors, the fixed
+    ones multiplied into the last."""
     factors = _factors([a, b])
     if None in factors:
         return None
-    fixed = math.prod(f for f in factors if isinstance(f, int))
+    fixed = math.prod(f for f in factors if not isinstance(f, Sym))
+    if isinstance(fixed, Fraction) and fixed.denominator == 1:
+        fixed = int(fixed)
     named = [f for f in factors if isinstance(f, Sym)]
     if not named or fixed == 0:
         return fixed
-    if len(named) == 1 and (fixed == 1 or named[0].affine):
+    if len(named) == 1 and (fixed == 1 or (named[0].affine and isinstance(fixed, int))):
         (one,) = named
         return one if fixed == 1 else Sym(one.name, one.offset * fixed, one.scale * fixed)
     return (*named, fixed) if fixed != 1 else tuple(named)
