@@ -907,3 +907,13 @@ def test_a_reshapes_minus_one_may_take_a_fraction_of_a_product() -> None:
                                                         [m1] y = MatMul(f, w) }""",
               {"shape": np.array([2, -1], np.int64), "w": np.full((2, 1), 0.5, np.float32)})
     _binds_and_measures(m, ("batch=1 (from MatMul 'm1', guessed), seq=4 (from MatMul 'm1')", {"x": (1, 4)}))
+
+
+def test_a_split_into_a_number_of_parts_gives_each_the_axis_over_that_number_rounded_up() -> None:
+    """Rule: x[batch, seq] split in two along batch (opset 18's num_outputs): the first part has
+    (batch + 1) // 2 rows; reshaped to [2, 2] with seq guessed 1, batch = 7 (the least that
+    gives 4; at 8 seq was 8 too: found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[2,2] y) { a, b = Split<axis = 0, num_outputs = 2>(x)
+                                                        [r1] y = Reshape(a, shape) }""",
+              {"shape": np.array([2, 2], np.int64)}, opset=18)
+    _binds_and_measures(m, ("batch=7 (from Reshape 'r1'), seq=1 (from Reshape 'r1', guessed)", {"x": (7, 1)}))

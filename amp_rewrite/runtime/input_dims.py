@@ -824,7 +824,8 @@ def _tile(rules: _Rules, node: Node) -> None:
 def _split(rules: _Rules, node: Node) -> None:
     """The axis holds the split sizes' sum (sizes [1, 2] make it 3; from its opset 13 an input,
     before an attribute), each output the size of its part; without sizes, a whole number of
-    equal parts (before opset 18), or at least one element per part (``num_outputs``)."""
+    equal parts (before opset 18), or at least one element per part (``num_outputs``, each
+    part but the last the axis over their number, rounded up)."""
     data = rules.shape(node.inputs[0])
     if data is None or not data:
         return
@@ -839,7 +840,11 @@ def _split(rules: _Rules, node: Node) -> None:
         for key, size in zip(node.outputs, sizes):
             rules.derive(key, [int(size) if i == axis else d for i, d in enumerate(data)])
     elif any(a.name == "num_outputs" for a in node.proto.attribute):
-        rules.at_least(data[axis], len(node.outputs), f"for {origin}")
+        parts = len(node.outputs)
+        rules.at_least(data[axis], parts, f"for {origin}")
+        part = _divided(data[axis], parts - 1, parts)  # each but the last: the extent over the parts, rounded up
+        for key in node.outputs[:-1]:
+            rules.derive(key, [part if i == axis else d for i, d in enumerate(data)])
     elif sizes is None and (len(node.inputs) < 2 or node.inputs[1] is None):
         rules.multiple_of([data[axis]], [len(node.outputs)], origin)
 
