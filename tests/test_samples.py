@@ -917,3 +917,18 @@ def test_a_split_into_a_number_of_parts_gives_each_the_axis_over_that_number_rou
                                                         [r1] y = Reshape(a, shape) }""",
               {"shape": np.array([2, 2], np.int64)}, opset=18)
     _binds_and_measures(m, ("batch=7 (from Reshape 'r1'), seq=1 (from Reshape 'r1', guessed)", {"x": (7, 1)}))
+
+
+def test_what_equal_broadcast_names_imply_is_learnt_before_a_count_is_split() -> None:
+    """Rule: x[batch, ?] reshaped to [9] is a count of two names; an If's branches give x and x +
+    y (x's and y's unnamed axes broadcast together), then a reflect Pad of 1 on that axis needs
+    2. Guessed before the If's output was known, the count gave the axis 1 and batch 9 (found by
+    make fuzz: NOT RUN); learnt first, the axis takes 3 and batch 3."""
+    m = model("""(float[batch,?] x, float[batch,?] y, bool c) => (float[?,?] z) {
+                     [r1] r = Reshape(x, nine)
+                     i = If(c) <then_branch = g1 () => (float[batch,?] a) { a = Relu(x) },
+                                else_branch = g2 () => (float[batch,?] b) { [a1] b = Add(x, y) }>
+                     z = Pad<mode = "reflect">(i, pads) }""",
+              {"nine": np.array([9], np.int64), "pads": np.array([0, 0, 1, 1], np.int64)})
+    _binds_and_measures(m, ("batch=3 (from Reshape 'r1', guessed), x[1]=3 (from Reshape 'r1'), y[1]=3 (from Add 'a1')",
+                            {"x": (3, 3), "y": (3, 3), "c": ()}))

@@ -44,14 +44,15 @@ Then, until nothing new is learnt:
   dimension of each column that is not 1 (``batch`` beside a sliced 1).
 
 Each binding names the node or value that implied it; the first one found wins. When names
-are still unbound after that, the rules run again guessing: a count that several names share
-goes to the last of them that appears once (the one that needs most, below), the others 1
-(marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it; where
-that breaks another count of the same names, a lone other name takes the first extent that
-keeps them all), or
-the least their readers need: a Gather of a constant index on the axis (index 2 needs 3), a
-reflect Pad (a pad of 1 needs 2); and names broadcast together with no fixed extent among
-them are taken as equal (the fresh name inference gave their result stands for the first).
+are still unbound after that, the rules run again guessing. First, names broadcast together
+with no fixed extent among them are taken as equal (the fresh name inference gave their
+result stands for the first; one bound binds the others), and what follows from that (the
+least extents below) is learnt before any count is split. Then a count that several names
+share goes to the last of them that appears once (the one that needs most, below), the others
+1 (marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it;
+where that breaks another count of the same names, a lone other name takes the first extent
+that keeps them all), or the least their readers need: a Gather of a constant index on the
+axis (index 2 needs 3), a reflect Pad (a pad of 1 needs 2).
 A Reshape with -1, whose count need only be a multiple, guesses last, once every exact count
 has had its guess. A rounded dimension binds its name to a range of extents (a Conv of stride
 2 gives 28 from 55 and 56): where the bindings break a count, the names move within their
@@ -180,7 +181,10 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
     rules = _Rules(ModelIndex(inferred), names, pins)
     declared = _declared(model, rules.index)
     _apply(rules, declared)
-    if names - set(pins):  # then guess: a count shared by several names goes to the last of them
+    if names - set(pins):  # then guess: names broadcast together are equal (what follows from that,
+        rules.equal_broadcasts = True  # the least extents its readers need included, comes first),
+        _apply(rules, declared)
+    if names - set(pins):  # and a count shared by several names goes to the last of them
         rules.guess = guess
         _apply(rules, declared)
     if names - set(pins):  # then what a -1 allows: a multiple, guessed after every exact count
@@ -215,6 +219,8 @@ class _Rules:
 
     def __init__(self, index: ModelIndex, names: set[str], pins: dict[str, Pin]) -> None:
         self.index, self.names, self.pins = index, names, pins
+        self.equal_broadcasts = False
+        """Whether names broadcast together with no fixed extent among them are taken as equal."""
         self.guess = 0
         """When not 0, ``same_count`` may split a count among several names, the others getting
         this extent where the count allows it, else 1."""
@@ -349,7 +355,7 @@ class _Rules:
                         self.same_count((d,), (extent,), origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
-            elif broadcast and self.guess and not fixed:  # names broadcast together are taken as equal:
+            elif broadcast and self.equal_broadcasts and not fixed:  # names broadcast together are taken as equal:
                 bound = {e for d, e in zip(column, extents) if isinstance(d, Sym) and d.name in self.pins}
                 if len(bound) == 1:  # one bound to 1 (x[3] beside y[3] = 1) binds the others to 1
                     for d in extents:
@@ -756,7 +762,7 @@ def _broadcast(rules: _Rules, node: Node) -> None:
         columns = _aligned(shapes)
         rules.agree(columns, f"{node.op_type} {node.label!r}", broadcast=True)
         rules.derive(node.outputs[0] if node.outputs else None,
-                     [_broadcast_dim(column, bool(rules.guess)) for column in columns])
+                     [_broadcast_dim(column, rules.equal_broadcasts) for column in columns])
 
 
 def _broadcast_dim(column: Sequence[Dim], guessing: bool = False) -> Dim:
