@@ -246,6 +246,10 @@ class _Rules:
         """Every count that two shapes share, of input names and fixed extents: what a guess
         for one of them must not contradict (x[batch, seq] to [6] beside y[batch, batch, seq]
         to [18] is batch 3, not the 1 that the first alone would guess)."""
+        self.divisible: set[tuple[tuple[Dim, ...], int]] = set()
+        """Counts that a Reshape with -1 needs to be multiples of its fixed extents' product,
+        which a guess must keep too (x[batch, batch, seq] to [-1, 9] beside x[0:1] to [2, 3]:
+        batch x seq = 6 is batch 3, seq 2, not batch 1, seq 6)."""
 
     def learnt(self) -> int:
         """How much the rules have found: more after a round that found something."""
@@ -367,8 +371,11 @@ class _Rules:
         last name of ``dims`` not yet bound makes up what the fixed extents lack, at the
         smallest extent that does (others at their least, 1 mostly; a name may appear more
         than once: seq x seq a multiple of 4 makes seq 2)."""
-        extents = [self.extent(d) for d in self.spread(dims)]
+        spread = self.spread(dims)
+        extents = [self.extent(d) for d in spread]
         factors = [self.extent(f) for f in factors]
+        if all(isinstance(f, int) for f in factors) and math.prod(factors) > 1:
+            self.divisible.add((tuple(spread), math.prod(factors)))
         if (not self.multiples or None in extents or not all(isinstance(f, int) for f in factors)
                 or any(isinstance(e, Fraction) for e in extents)):
             return
@@ -511,7 +518,8 @@ class _Rules:
                 yield from ((at, extent) for extent in _solutions(factors[last], wanted))
 
     def consistent(self, extents: Mapping[str, int]) -> bool:
-        """Whether the names at ``extents`` (and those bound) keep every count the shapes share."""
+        """Whether the names at ``extents`` (and those bound) keep every count the shapes share,
+        and every multiple that a Reshape's -1 needs (``divisible``)."""
         known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
 
         def count(dims: Sequence[Dim]) -> Fraction | None:
@@ -528,7 +536,8 @@ class _Rules:
             counted = count(left), count(right)
             if None not in counted and counted[0] != counted[1]:
                 return False
-        return True
+        return all(counted is None or not counted % needed
+                   for counted, needed in ((count(dims), needed) for dims, needed in self.divisible))
 
 
 def _reaching(dims: Sequence[Sym], count: int) -> int:
