@@ -319,12 +319,14 @@ class _Rules:
 
     def pin(self, dim: Sym, extent: int, origin: str) -> None:
         """Bind ``dim``'s name so that ``dim`` is ``extent``: of the extents that give it (several
-        where it is rounded), the first that keeps every count, else the least."""
+        where it is rounded), the first that keeps every count and the least its readers need
+        (``least``), else the first that keeps every count, else the least."""
         if dim.name not in self.names or dim.name in self.pins:
             return
         solutions = [e for e in dim.solutions(extent) if e >= 1]
         if solutions:
-            chosen = next((e for e in solutions if self.consistent({dim.name: e})), solutions[0])
+            least = self.least.get(dim.name, 1)
+            chosen = max(solutions, key=lambda e: (self.consistent({dim.name: e}), e >= least))  # the first best
             self.pins[dim.name] = Pin(chosen, origin)
             if len(solutions) > 1:
                 self.ranges[dim.name] = solutions
