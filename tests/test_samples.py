@@ -954,3 +954,24 @@ def test_a_binding_through_a_rounded_dimension_prefers_an_extent_its_readers_all
                                                             [e1] y = Expand(a, shape) }""",
               {"shape": np.array([1, 2, 2], np.int64)}, opset=18)
     _binds_and_measures(m, ("batch=2 (from the declared shape of 'y'), seq=2 (from Expand 'e1')", {"x": (2, 2, 2)}))
+
+
+def test_a_binding_through_a_rounded_dimension_moves_to_keep_a_later_count() -> None:
+    """Rule: the first half of x[batch] split in two reshaped to [2] gives batch 3 or 4; x
+    reshaped to [4], read after it, needs 4 (batch 3 was kept, and the second Reshape failed:
+    found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch] x) => (float[4] y) { a, b = Split<axis = 0, num_outputs = 2>(x)
+                                                   [r0] r = Reshape(a, two)
+                                                   [r1] y = Reshape(x, four) }""",
+              {"two": np.array([2], np.int64), "four": np.array([4], np.int64)}, opset=18)
+    _binds_and_measures(m, ("batch=4 (from Reshape 'r0')", {"x": (4,)}))
+
+
+def test_a_binding_through_a_rounded_dimension_moves_to_keep_a_later_broadcast() -> None:
+    """Rule: as above, with Adds: the half added to [2] gives batch 3 or 4, x added to [4] needs
+    4 (or 1)."""
+    m = model("""(float[batch] x) => (float[4] y) { a, b = Split<axis = 0, num_outputs = 2>(x)
+                                                   [a0] r = Add(a, two)
+                                                   [a1] y = Add(x, four) }""",
+              {"two": np.array([1, 2], np.float32), "four": np.array([1, 2, 3, 4], np.float32)}, opset=18)
+    _binds_and_measures(m, ("batch=4 (from Add 'a0')", {"x": (4,)}))

@@ -354,6 +354,11 @@ class _Rules:
                 named = list(dict.fromkeys(d for d in extents if isinstance(d, Sym)))
                 self.counts.update(((a,), (b,)) for a, b in zip(named, named[1:]) if {a.name, b.name} <= self.names)
             fixed = {d for d in extents if isinstance(d, int) and (d > 1 or not broadcast)}
+            literal = {d for d in column if isinstance(d, int) and (d > 1 or not broadcast)}
+            if len(literal) == 1:  # a name bound to another extent breaks a count: for ``settle`` to mend
+                self.counts.update(((d,), tuple(literal)) for d, bound in zip(column, extents)
+                                   if isinstance(d, Sym) and d.name in self.names and isinstance(bound, int)
+                                   and bound not in literal and not (broadcast and bound == 1))
             if len(fixed) == 1:
                 extent = next(iter(fixed))
                 for d in extents:
@@ -467,6 +472,8 @@ class _Rules:
                     named[side][dim] += 1
         unknown = [named[0] - named[1], named[1] - named[0]]
         sides = [side for side in (0, 1) if unknown[side]]
+        if not sides and fixed[0] != fixed[1] and self.inputs_only(d for d in (*left, *right) if isinstance(d, Sym)):
+            self.counts.add((tuple(left), tuple(right)))  # the names bound break it: for ``settle`` to mend
         if len(sides) != 1 or 0 in fixed:
             return
         if not self.inputs_only(unknown[sides[0]]):
