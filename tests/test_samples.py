@@ -975,3 +975,55 @@ def test_a_binding_through_a_rounded_dimension_moves_to_keep_a_later_broadcast()
                                                    [a1] y = Add(x, four) }""",
               {"two": np.array([1, 2], np.float32), "four": np.array([1, 2, 3, 4], np.float32)}, opset=18)
     _binds_and_measures(m, ("batch=4 (from Add 'a0')", {"x": (4,)}))
+
+
+def _steering(m: onnx.ModelProto) -> dict[str, list]:
+    """The first generated sample's inputs, as lists."""
+    first = samples.generate(m)[0]
+    return {name: array.tolist() for name, array in first.items()}
+
+
+@pytest.mark.parametrize("graph, inputs, made", [
+    ("(float[2,3,4] x, int64[3] shape) => (float[?,?,?] y) { y = Reshape(x, shape) }", {}, {"shape": [2, 3, 4]}),
+    ("(float[2,3,4] x, int64[2] shape) => (float[?,?] y) { y = Reshape(x, shape) }", {}, {"shape": [2, -1]}),
+    ("(float[2,3] x, int64[3] shape) => (float[?,?,?] y) { y = Reshape(x, shape) }", {}, {"shape": [2, 3, 1]}),
+    ("(float[2,3] x, int64[3] shape) => (float[?,?,?] y) { y = Expand(x, shape) }", {}, {"shape": [1, 1, 1]}),
+    ("(float[1,2,3,4] x, float[4] scales) => (float[?,?,?,?] y) { y = Resize(x, , scales) }", {},
+     {"scales": [1.0, 1.0, 1.0, 1.0]}),
+    ("(float[1,2,3,4] x, int64[2] sizes) => (float[?,?,?,?] y) { y = Resize<axes = [2, 3]>(x, , , sizes) }", {},
+     {"sizes": [3, 4]}),
+    ("(float[5,2] x, int64[3] split) => (float[?,2] a, float[?,2] b, float[?,2] c) { a, b, c = Split(x, split) }",
+     {}, {"split": [1, 1, 3]}),
+    ("(float[4,6] x, int32[1] starts, int32[1] ends, int32[1] axes) => (float[?,?] y) "
+     "{ y = Slice(x, starts, ends, axes) }", {}, {"starts": [0], "ends": [2**31 - 1], "axes": [0]}),
+    ("(float[1,3,1,4] x, int64[2] axes) => (float[3,4] y) { y = Squeeze(x, axes) }", {}, {"axes": [0, 2]}),
+    ("(float[7,2,3] x) => (float[?,1,2,5] y, float[1,2,5] h, float[1,2,5] c) "
+     "{ y, h, c = LSTM<hidden_size = 5>(x, w, r, , lengths) }",
+     {"w": np.full((1, 20, 3), 0.1, np.float32), "r": np.full((1, 20, 5), 0.1, np.float32)}, None),
+])
+def test_inputs_that_steer_an_op_get_the_values_that_leave_it_unchanged(graph, inputs, made) -> None:
+    """Rule: a generated input that an op reads as a steering operand (a Reshape's target, a
+    Resize's scales or sizes, a Split's sizes, a Slice's bounds, a Squeeze's axes) takes the
+    value that leaves the op closest to an identity, so the model runs: drawn at random, these
+    stopped the range check on 78 of the ONNX node cases that onnxruntime runs on their own
+    inputs (NOT RUN)."""
+    if made is None:  # the LSTM: its sequence lengths, a graph input of 2 (its batch), at the 7 steps
+        graph = graph.replace("(float[7,2,3] x)", "(float[7,2,3] x, int32[2] lengths)")
+        made = {"lengths": [7, 7]}
+    m = model(graph, inputs, opset=18)
+    got = _steering(m)
+    assert {name: got[name] for name in made} == made
+    assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_indices_stay_below_the_extent_of_the_axis_they_index() -> None:
+    """Rule: indices into axis 1 of a [2, 3] tensor (Gather's ``axis``) are below 3, not 2:
+    the first axis's extent was taken whatever the axis (onnx's test_gather_1 indexes axis 1 of
+    [5, 4, 3, 2] with values up to 3, drawn below 5: NOT RUN); a GatherND's stay below every
+    extent they may index."""
+    m = model("""(float[2,3] x, int64[64] i, int64[64,2] j) => (float[2,64] y, float[64] z) {
+                     y = Gather<axis = 1>(x, i)
+                     z = GatherND(x, j) }""", {})
+    first = samples.generate(m)[0]
+    assert first["i"].max() == 2 and first["j"].max() == 1
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -23,8 +23,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import ModelIndex
-from amp_rewrite.runtime import input_dims
+from amp_rewrite.ir.graph import ModelIndex, Node
+from amp_rewrite.runtime import input_dims, operands
 
 Sample = dict[str, np.ndarray]
 T = TypeVar("T")
@@ -37,8 +37,10 @@ FALLBACK_DIMS = (1, 2, 4)
 INTEGER_HIGH = 4
 """Integer inputs that index nothing known are drawn from [0, INTEGER_HIGH)."""
 MASK_NAME = re.compile(r"mask", re.IGNORECASE)
-# Inputs of these ops index the first dimension of the op's data input.
-_INDEXING = {("Gather", 1): 0, ("GatherElements", 1): 0, ("GatherND", 1): 0}
+# Inputs of these ops index the op's data input along the axis its attribute names (default 0),
+# or (None) along its leading axes, as many as the indices' last extent: below each of them.
+_INDEXING = {("Gather", 1): "axis", ("GatherElements", 1): "axis", ("ScatterElements", 1): "axis",
+             ("Scatter", 1): "axis", ("GatherND", 1): None, ("ScatterND", 1): None}
 # Integer inputs reach an indexing op through these type-preserving ops.
 _PASS_THROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand",
                            "Transpose"})
@@ -146,7 +148,9 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
             yield from ((given, None), (given, FALLBACK_DIMS[0]))
 
     dtypes = {name: _numpy_type(info.type.tensor_type.elem_type) for name, info in inputs.items()}
-    highs = integer_ranges(model) if any(t.kind in "iu" for t in dtypes.values()) else {}
+    # integer inputs may index, they and the scalars and vectors may steer an op (``operands``)
+    index = ModelIndex(model) if any(t.kind in "iub" or len(named[name]) <= 1 for name, t in dtypes.items()) else None
+    highs = integer_ranges(index) if index is not None else {}
     tried = set()
     for pins, size in plans():
         extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
@@ -157,9 +161,11 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
         description = ", ".join(f"{d}={extent}" + _origin(pins.get(d), extent) for d, extent in extents.items())
-        yield (description,
-               [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
-                for _ in range(count)])
+        steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
+        # every input drawn, so that each keeps the draws it had before steering inputs were made
+        drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
+                 for _ in range(count)]
+        yield description, [{**sample, **steering} for sample in drawn]
 
 
 def _extent(pin: input_dims.Pin | None, default: int) -> int:
@@ -196,25 +202,37 @@ def graph_inputs(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     return {vi.name: vi for vi in model.graph.input if vi.name not in weights}
 
 
-def integer_ranges(model: onnx.ModelProto) -> dict[str, int]:
-    """For integer inputs that (through shape-only ops) index an initializer: its first dimension."""
-    index = ModelIndex(model)
+def integer_ranges(index: ModelIndex) -> dict[str, int]:
+    """For integer inputs that (through shape-only ops) index a value of known shape: the extent
+    of the axis they index (the least, where they index several)."""
     highs: dict[str, int] = {}
-    for name in graph_inputs(model):
+    for name in graph_inputs(index.model):
         value = index.values.get((0, name))
         frontier, seen = [value] if value else [], set()
         while frontier:
             current = frontier.pop()
             for node_id, slot in current.uses:
                 node = index.nodes[node_id]
-                axis = _INDEXING.get((node.op_type, slot))
-                data = index.values.get(node.inputs[0]) if axis is not None and node.inputs[0] else None
-                if data is not None and data.shape and isinstance(data.shape[axis], int) and data.shape[axis] > 0:
-                    highs[name] = min(highs.get(name, data.shape[axis]), data.shape[axis])
+                indexes = (node.op_type, slot) in _INDEXING and node.inputs[0]
+                data = index.values.get(node.inputs[0]) if indexes else None
+                high = _indexed_extent(node, data.shape) if data is not None and data.shape else None
+                if high is not None:
+                    highs[name] = min(highs.get(name, high), high)
                 elif node.op_type in _PASS_THROUGH and slot == 0 and node.outputs[0] not in seen:
                     seen.add(node.outputs[0])
                     frontier.append(index.values[node.outputs[0]])
     return highs
+
+
+def _indexed_extent(node: Node, shape: tuple) -> int | None:
+    """The extent that an indexing node's indices stay below, for data of ``shape``."""
+    attribute = _INDEXING[node.op_type, 1]
+    if attribute is None:
+        extents = [d for d in shape if isinstance(d, int)]
+        return min(extents) if len(extents) == len(shape) and min(extents) > 0 else None
+    axis = next((a.i for a in node.proto.attribute if a.name == attribute), 0)
+    extent = shape[axis] if -len(shape) <= axis < len(shape) else None
+    return extent if isinstance(extent, int) and extent > 0 else None
 
 
 def _named_shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
