@@ -1027,3 +1027,24 @@ def test_indices_stay_below_the_extent_of_the_axis_they_index() -> None:
     first = samples.generate(m)[0]
     assert first["i"].max() == 2 and first["j"].max() == 1
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_what_follows_a_loop_is_inferred_again_from_its_carried_shape() -> None:
+    """Rule: a Loop carries x[batch, seq, batch, 1]; flattened into a MatMul of 3 inputs (seq x
+    batch = 3), then a Gemm, reshaped to [1]: batch 1. The Gemm's batch, named afresh by the
+    first inference (the Loop's output had no shape yet), stayed a stranger to batch in the
+    second, and the guess batch 3 broke the Reshape (found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq,batch,1] x) => (float[1] y) {
+                     trips = Constant <value: tensor = int64 trips {1}> ()
+                     go = Constant <value: tensor = bool go {1}> ()
+                     l = Loop (trips, go, x) <body = body (int64 i, bool c, float[batch,seq,batch,1] carried)
+                                                          => (bool co, float[batch,seq,batch,1] r) {
+                         r = Relu (carried)
+                         co = Identity (c) }>
+                     f = Flatten <axis = 1> (l)
+                     [m1] mm = MatMul (f, w)
+                     g = Gemm (mm, w2)
+                     [r1] y = Reshape (g, one) }""",
+              {"w": np.full((3, 1), 0.5, np.float32), "w2": np.full((1, 1), 0.5, np.float32),
+               "one": np.array([1], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'r1'), seq=3 (from MatMul 'm1')", {"x": (1, 3, 1, 1)}))

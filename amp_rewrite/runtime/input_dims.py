@@ -74,7 +74,7 @@ import numpy as np
 import onnx
 from onnx import defs, numpy_helper
 
-from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
+from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey, names_read, subgraphs
 from amp_rewrite.ir.sizes import iter_graphs, without_weights
 from amp_rewrite.ir.tensors import constant_tensor
 
@@ -1100,11 +1100,15 @@ def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]
 
 def _carry_initial_shapes(model: onnx.ModelProto) -> bool:
     """Give each Loop-carried output that inference left without a shape (the body may change
-    it between iterations) its initial value's type, in ``model`` as inference returned it; whether
-    any got one. (A Relu after the Loop had no shape either, which ended a Reshape's walk back.)"""
+    it between iterations) its initial value's type, in ``model`` as inference returned it, with
+    what inference found downstream of it dropped (kept, a name it gave afresh there, the
+    carried shape missing, stayed over what the second inference finds: a Gemm's batch after a
+    Loop); whether any got one. (A Relu after the Loop had no shape either, which ended a
+    Reshape's walk back.)"""
     carried = False
     for graph in iter_graphs(model.graph):
         infos = {info.name: info for info in (*graph.input, *graph.value_info, *graph.output)}
+        starts: dict[str, onnx.TypeProto] = {}
         for node in graph.node:
             if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
                 continue
@@ -1112,9 +1116,30 @@ def _carry_initial_shapes(model: onnx.ModelProto) -> bool:
                 start, info = infos.get(initial), infos.get(output)
                 if (output and start is not None and start.type.tensor_type.HasField("shape")
                         and (info is None or not info.type.tensor_type.HasField("shape"))):
-                    (info if info is not None else graph.value_info.add(name=output)).type.CopyFrom(start.type)
-                    carried = True
+                    starts[output] = start.type
+        if starts:
+            _forget_downstream(graph, set(starts))
+            for output, type_proto in starts.items():
+                graph.value_info.add(name=output).type.CopyFrom(type_proto)
+            carried = True
     return carried
+
+
+def _forget_downstream(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Drop the inferred types of what ``graph``'s nodes compute from ``names`` (within the
+    subgraphs of the nodes that read them too), for inference to find again."""
+    for node in graph.node:
+        if names_read([node]) & names:
+            names.update(o for o in node.output if o)
+            for body in subgraphs(node):
+                for inner in iter_graphs(body):
+                    del inner.value_info[:]
+    kept = [info for info in graph.value_info if info.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    for info in graph.output:
+        if info.name in names:
+            info.type.tensor_type.ClearField("shape")
 
 
 def _declared(model: onnx.ModelProto, index: ModelIndex) -> list[tuple[ValueKey, tuple]]:
