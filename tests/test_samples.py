@@ -1048,3 +1048,21 @@ def test_what_follows_a_loop_is_inferred_again_from_its_carried_shape() -> None:
               {"w": np.full((3, 1), 0.5, np.float32), "w2": np.full((1, 1), 0.5, np.float32),
                "one": np.array([1], np.int64)})
     _binds_and_measures(m, ("batch=1 (from Reshape 'r1'), seq=3 (from MatMul 'm1')", {"x": (1, 3, 1, 1)}))
+
+
+def test_a_loops_carried_output_that_is_a_graph_output_keeps_its_initial_shape() -> None:
+    """Rule: as above, where the Loop's output is also a graph output: x[batch, 1] carried, then
+    a MatMul to [batch, 2] split along batch into [1, 2]: batch 3 (the rule above first gave the
+    initial shape to a value info beside the output's own, which inference read instead: NOT
+    RUN, found by make fuzz)."""
+    m = model("""(float[batch,1] x) => (float[1,2] s1, float[batch,1] l) {
+                     trips = Constant <value: tensor = int64 trips {1}> ()
+                     go = Constant <value: tensor = bool go {1}> ()
+                     l = Loop (trips, go, x) <body = body (int64 i, bool c, float[batch,1] carried)
+                                                          => (bool co, float[batch,1] r) {
+                         r = Relu (carried)
+                         co = Identity (c) }>
+                     mm = MatMul (l, w)
+                     [s] s1, s2 = Split <axis = 0> (mm, sizes) }""",
+              {"w": np.full((1, 2), 0.5, np.float32), "sizes": np.array([1, 2], np.int64)})
+    _binds_and_measures(m, ("batch=3 (from Split 's')", {"x": (3, 1)}))

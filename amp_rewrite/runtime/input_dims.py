@@ -1116,11 +1116,13 @@ def _carry_initial_shapes(model: onnx.ModelProto) -> bool:
                 start, info = infos.get(initial), infos.get(output)
                 if (output and start is not None and start.type.tensor_type.HasField("shape")
                         and (info is None or not info.type.tensor_type.HasField("shape"))):
-                    starts[output] = start.type
+                    starts[output] = onnx.TypeProto()
+                    starts[output].CopyFrom(start.type)  # its info may be dropped below
         if starts:
             _forget_downstream(graph, set(starts))
+            outputs = {info.name: info for info in graph.output}  # a graph output's type is its own
             for output, type_proto in starts.items():
-                graph.value_info.add(name=output).type.CopyFrom(type_proto)
+                (outputs.get(output) or graph.value_info.add(name=output)).type.CopyFrom(type_proto)
             carried = True
     return carried
 
