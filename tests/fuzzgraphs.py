@@ -6,7 +6,8 @@ LayerNormalization, reductions, Transpose, Reshape to fixed targets and through
 Shape -> Gather/Slice -> Concat computations, Concat, Slice, Gather, Where, Cast
 round trips, Pad, Conv and the pools, Flatten (into a MatMul of the flattened extent),
 Expand (to constant or Shape-computed targets), Split, Tile, If branches and Loop
-bodies that read outer values), with inputs
+bodies that read outer values), with float inputs, sometimes int64 token ids into an
+embedding Gather and an int64 attention mask cast to float, inputs
 whose declared dimensions may be symbolic ("batch", "seq", unnamed) and constants
 that leave float16's range (elements beyond 65504, below its smallest subnormal,
 or whose products overflow). The feeds are concrete arrays the float32 model runs
@@ -92,6 +93,8 @@ class Graph:
         self.initializers: list[onnx.TensorProto] = []
         self.sub_nodes = 0
         """Nodes in the bodies of this graph's If and Loop nodes."""
+        self.integer_inputs: list[Tensor] = []
+        """The model's int64 inputs (``integer_inputs``), for the top-level graph."""
 
     def fresh(self, base: str) -> str:
         return f"{base}{next(self.names)}"
@@ -726,10 +729,30 @@ def input_dims(draw, g: Graph, extents: dict[str, int], rank: int) -> tuple[Dim,
     return tuple(dims)
 
 
-def declared(t: Tensor) -> onnx.ValueInfoProto:
-    """Float, with the input dimension names and literal extents; computed extents left unnamed."""
+def declared(t: Tensor, elem_type: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    """With the input dimension names and literal extents; computed extents left unnamed."""
     shape = [d.sym if isinstance(d.sym, int) or d.sym in ("batch", "seq") else None for d in t.dims]
-    return helper.make_tensor_value_info(t.name, TensorProto.FLOAT, shape)
+    return helper.make_tensor_value_info(t.name, elem_type, shape)
+
+
+def integer_inputs(draw, rng, g: Graph, extents: dict[str, int], pool: list[Tensor]) -> dict[str, np.ndarray]:
+    """What language models read besides floats, drawn in: token ids into an embedding table,
+    and an attention mask of 0 and 1 cast to float; the float results join the pool. Returns
+    each input's feed."""
+    feeds = {}
+    if draw(st.integers(0, 3)) == 0:
+        ids = Tensor("ids", input_dims(draw, g, extents, draw(st.integers(1, 2))))
+        vocab, width = draw(st.integers(2, 50)), draw(st.sampled_from([1, 2, 4, 8]))
+        table = g.const(weights(draw, rng, (vocab, width)), "emb")
+        pool.append(Tensor(g.op("Gather", [table, ids.name]), (*ids.dims, fixed(width))))
+        feeds[ids.name] = rng.integers(0, vocab, ids.shape).astype(np.int64)
+        g.integer_inputs.append(ids)
+    if draw(st.integers(0, 3)) == 0:
+        mask = Tensor("attention_mask", input_dims(draw, g, extents, draw(st.integers(1, 2))))
+        pool.append(Tensor(g.op("Cast", [mask.name], to=TensorProto.FLOAT), mask.dims))
+        feeds[mask.name] = rng.integers(0, 2, mask.shape).astype(np.int64)
+        g.integer_inputs.append(mask)
+    return feeds
 
 
 @st.composite
@@ -746,6 +769,7 @@ def examples(draw) -> Example:
             input_dims(draw, g, extents, draw(st.integers(1, 3)))
         inputs.append(Tensor("y", dims))
     pool = list(inputs)
+    integer_feeds = integer_inputs(draw, rng, g, extents, pool)
     # "Another op?" before each (not a count drawn up front) lets the shrinker drop trailing ops.
     # One op adds up to ~10 nodes (an If with constant nodes).
     while g.node_count < MAX_NODES - 10 and draw(st.integers(0, 15)):
@@ -753,14 +777,13 @@ def examples(draw) -> Example:
         result = op(draw, rng, g, pool)
         if result is not None and numel(result.dims) <= MAX_ELEMENTS:
             pool.append(result)
-    computed_tensors = [t for t in pool if t not in inputs]
+    computed_tensors = [t for t in pool if t not in inputs and t.name not in integer_feeds]
     if not computed_tensors:
         computed_tensors.append(Tensor(g.op("Relu", [first.name]), first.dims))
     outputs = [computed_tensors[-1]] + draw(st.lists(st.sampled_from(computed_tensors), max_size=2))
     outputs = list({t.name: t for t in outputs}.values())
-    graph = helper.make_graph(g.nodes, "fuzz", [declared(t) for t in inputs],
-                              [declared(t) for t in outputs],
-                              g.initializers)
+    declared_inputs = [declared(t) for t in inputs] + [declared(t, TensorProto.INT64) for t in g.integer_inputs]
+    graph = helper.make_graph(g.nodes, "fuzz", declared_inputs, [declared(t) for t in outputs], g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSIONS[opset])
-    feeds = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in inputs}
+    feeds = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in inputs} | integer_feeds
     return Example(model, feeds)

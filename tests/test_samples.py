@@ -1066,3 +1066,14 @@ def test_a_loops_carried_output_that_is_a_graph_output_keeps_its_initial_shape()
                      [s] s1, s2 = Split <axis = 0> (mm, sizes) }""",
               {"w": np.full((1, 2), 0.5, np.float32), "sizes": np.array([1, 2], np.int64)})
     _binds_and_measures(m, ("batch=3 (from Split 's')", {"x": (3, 1)}))
+
+
+def test_token_ids_stay_below_an_embedding_table_that_a_constant_node_holds() -> None:
+    """Rule: ids[batch] into a Gather of a Constant node's [2, 1] table are below 2 (a Constant's
+    output has no declared shape: they were drawn below 4 and the Gather failed, NOT RUN: found
+    by make test's fuzzing once it drew token ids)."""
+    m = model("""(int64[batch] ids) => (float[batch,1] y) {
+                     table = Constant <value: tensor = float[2,1] table {0.5, -0.5}> ()
+                     y = Gather (table, ids) }""")
+    assert samples.generate(m)[0]["ids"].max() <= 1
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -23,7 +23,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.graph import ModelIndex, Node
+from amp_rewrite.ir.graph import ModelIndex, Node, Value
+from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.runtime import input_dims, operands
 
 Sample = dict[str, np.ndarray]
@@ -214,14 +215,23 @@ def integer_ranges(index: ModelIndex) -> dict[str, int]:
             for node_id, slot in current.uses:
                 node = index.nodes[node_id]
                 indexes = (node.op_type, slot) in _INDEXING and node.inputs[0]
-                data = index.values.get(node.inputs[0]) if indexes else None
-                high = _indexed_extent(node, data.shape) if data is not None and data.shape else None
+                shape = _known_shape(index, index.values[node.inputs[0]]) if indexes else None
+                high = _indexed_extent(node, shape) if shape else None
                 if high is not None:
                     highs[name] = min(highs.get(name, high), high)
                 elif node.op_type in _PASS_THROUGH and slot == 0 and node.outputs[0] not in seen:
                     seen.add(node.outputs[0])
                     frontier.append(index.values[node.outputs[0]])
     return highs
+
+
+def _known_shape(index: ModelIndex, value: Value) -> tuple | None:
+    """A value's shape as declared, or as its Constant node holds it (an embedding table there)."""
+    producer = index.producer_node(value)
+    if value.shape is None and producer is not None and producer.op_type == "Constant" and producer.domain == "":
+        tensor = constant_tensor(producer.proto)
+        return None if tensor is None else tuple(tensor.dims)
+    return value.shape
 
 
 def _indexed_extent(node: Node, shape: tuple) -> int | None:
