@@ -1077,3 +1077,18 @@ def test_token_ids_stay_below_an_embedding_table_that_a_constant_node_holds() ->
                      y = Gather (table, ids) }""")
     assert samples.generate(m)[0]["ids"].max() <= 1
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_flattened_product_less_one_is_a_count_of_the_product() -> None:
+    """Rule: x[batch, seq] flattened to [-1] (a fresh name for batch x seq), sliced to all but its
+    last element (Shape - 1), split into [1, 1]: batch x seq - 1 = 2, so batch x seq = 3 (the
+    offset product counted nothing: found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq] x) => (float[1] s1) {
+                     r = Reshape (x, flat)
+                     n = Shape <start = 0, end = 1> (r)
+                     last = Sub (n, one)
+                     sl = Slice (r, zero, last, zero)
+                     [s] s1, s2 = Split <axis = 0> (sl, sizes) }""",
+              {"flat": np.array([-1], np.int64), "zero": np.array([0], np.int64), "one": np.array([1], np.int64),
+               "sizes": np.array([1, 1], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Split 's', guessed), seq=3 (from Split 's')", {"x": (1, 3)}))

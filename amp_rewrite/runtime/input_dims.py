@@ -363,7 +363,12 @@ class _Rules:
                 extent = next(iter(fixed))
                 for d in extents:
                     if isinstance(d, Sym) and d.name in self.products:
-                        self.same_count((d,), (extent,), origin)
+                        # a count of the product, at the one extent that gives this one where it is
+                        # offset or rounded (a Slice of all but the last of a flattened x)
+                        product = d if d.affine and not d.offset else Sym(d.name)
+                        solved = d.solutions(extent) if product != d else [extent]
+                        if len(solved) == 1:
+                            self.same_count((product,), (solved[0],), origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
             elif broadcast and self.equal_broadcasts and not fixed:  # names broadcast together are taken as equal:
