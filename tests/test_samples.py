@@ -1092,3 +1092,33 @@ def test_a_flattened_product_less_one_is_a_count_of_the_product() -> None:
               {"flat": np.array([-1], np.int64), "zero": np.array([0], np.int64), "one": np.array([1], np.int64),
                "sizes": np.array([1, 1], np.int64)})
     _binds_and_measures(m, ("batch=1 (from Split 's', guessed), seq=3 (from Split 's')", {"x": (1, 3)}))
+
+
+def test_an_exact_count_wins_over_a_least_that_another_name_can_meet() -> None:
+    """Rule: y[batch, seq, batch, ?] flattened at axis 2 into a MatMul of 1 input is batch x ? =
+    1; split in two, y reshaped to [-1] needs 2 elements, which the Split's need had asked of ?
+    (the last name of the product). No guess gave ? 2, and nothing was bound: the count wins (?
+    1) and seq meets the need (found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq,batch,?] y) => (float[?] s1) {
+                     r = Reshape (y, flat)
+                     f = Flatten <axis = 2> (y)
+                     [m1] mm = MatMul (f, w)
+                     [s] s1, s2 = Split <axis = 0, num_outputs = 2> (r) }""",
+              {"flat": np.array([-1], np.int64), "w": np.full((1, 1), 0.5, np.float32)}, opset=18)
+    _binds_and_measures(m, ("batch=1 (from MatMul 'm1', guessed), seq=8, y[3]=1 (from MatMul 'm1')",
+                            {"y": (1, 8, 1, 1)}))
+
+
+def test_a_rounded_binding_moves_so_that_a_count_can_solve_for_the_name_it_left() -> None:
+    """Rule: a Conv of stride 2 over x's seq gives 2 columns (seq 3 or 4) for a Split into [1, 1];
+    x[1, batch, seq] flattened into a MatMul of 16 inputs is batch x seq = 16, which seq 3 leaves
+    no whole batch: seq moves to 4, then batch is 4 (found by make fuzz: NOT RUN)."""
+    m = model("""(float[1,batch,seq] x) => (float[1,1,?,1] s1) {
+                     f = Flatten <axis = 1> (x)
+                     [m1] mm = MatMul (f, w)
+                     u = Unsqueeze (x, zero)
+                     [c1] cv = Conv <auto_pad = "VALID", dilations = [2, 1], strides = [2, 2]> (u, k)
+                     [s] s1, s2 = Split <axis = 3> (cv, sizes) }""",
+              {"w": np.full((16, 1), 0.5, np.float32), "k": np.full((1, 1, 2, 1), 0.5, np.float32),
+               "zero": np.array([0], np.int64), "sizes": np.array([1, 1], np.int64)})
+    _binds_and_measures(m, ("batch=4 (from MatMul 'm1'), seq=4 (from Split 's')", {"x": (1, 4, 4)}))

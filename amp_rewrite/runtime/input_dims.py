@@ -190,7 +190,8 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
     if names - set(pins):  # then what a -1 allows: a multiple, guessed after every exact count
         rules.multiples = True
         _apply(rules, declared)
-    rules.settle()
+    if rules.settle():  # a binding moved: the counts it left a name may solve now
+        _apply(rules, declared)
     for name in names - set(pins):  # what the readers of a name that nothing bound need at least
         if rules.least.get(name, 1) > 1:
             pins[name] = Pin(rules.least[name], rules.least_origin[name] + AT_LEAST)
@@ -331,17 +332,20 @@ class _Rules:
             if len(solutions) > 1:
                 self.ranges[dim.name] = solutions
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """Where the bindings break a count: the extents, in the ranges that rounded dimensions
-        left their names (``ranges``), that keep every count (the first of at most MAX_SEARCHED)."""
+        left their names (``ranges``), that keep every count (the first of at most MAX_SEARCHED).
+        Whether a binding moved."""
         if not self.ranges or self.consistent({}):
-            return
+            return False
         names = list(self.ranges)
         for extents in itertools.islice(itertools.product(*self.ranges.values()), MAX_SEARCHED):
             if self.consistent(dict(zip(names, extents))):
+                moved = any(self.pins[name].extent != extent for name, extent in zip(names, extents))
                 for name, extent in zip(names, extents):
                     self.pins[name] = Pin(extent, self.pins[name].origin)
-                return
+                return moved
+        return False
 
     def agree(self, columns: Iterable[Sequence[Dim]], origin: str, broadcast: bool = False) -> None:
         """Each column holds dimensions that must be equal (``broadcast``: or 1): one fixed
@@ -501,12 +505,13 @@ class _Rules:
         tries += [{**{other: least[other] for other in others}, name: extent} for name in others
                   for extent in range(1, min(fixed[1 - side], MAX_SEARCHED) + 1)]
         # the first guess that keeps every count and every name's least, else the first that keeps
-        # every count, else the first that keeps this count and the leasts, else this count alone
+        # every count, else the first that keeps this count and the leasts, else this count alone;
+        # the last name below its least only where no guess gives it that (a count is exact, a least
+        # may come from a product's need that another name can meet)
         chosen, best = None, None
         for at, extent in self._candidates(tries, others, last, factors, fixed[side], fixed[1 - side]):
-            if extent < least[last]:
-                continue
-            rank = self.consistent({**at, last: extent}), all(at[name] >= least[name] for name in others)
+            rank = (extent >= least[last], self.consistent({**at, last: extent}),
+                    all(at[name] >= least[name] for name in others))
             if best is None or rank > best:
                 chosen, best = (at, extent), rank
             if all(rank):
@@ -532,8 +537,9 @@ class _Rules:
                 yield from ((at, extent) for extent in _solutions(factors[last], wanted))
 
     def consistent(self, extents: Mapping[str, int]) -> bool:
-        """Whether the names at ``extents`` (and those bound) keep every count the shapes share,
-        and every multiple that a Reshape's -1 needs (``divisible``)."""
+        """Whether the names at ``extents`` (and those bound) keep every count the shapes share
+        (or leave it one input name, once, that some extent solves it for), and every multiple
+        that a Reshape's -1 needs (``divisible``)."""
         known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
 
         def count(dims: Sequence[Dim]) -> Fraction | None:
@@ -546,9 +552,22 @@ class _Rules:
                 total *= dim
             return total
 
+        def solvable(sides: tuple[Sequence[Dim], Sequence[Dim]]) -> bool:
+            """With one input name left once, alone (x[batch, seq] to [16] with seq 3 leaves batch
+            16 / 3), whether a whole extent of it keeps the count."""
+            unknown = [(side, d) for side, dims in enumerate(sides) for d in dims if count([d]) is None]
+            if len(unknown) != 1 or unknown[0][1] != Sym(unknown[0][1].name) or unknown[0][1].name not in self.names:
+                return True
+            side, dim = unknown[0]
+            mine, other = count([d for d in sides[side] if d is not dim]), count(sides[1 - side])
+            needed = other / mine if mine else Fraction(1)
+            return needed.denominator == 1 and needed >= 1
+
         for left, right in self.counts:
             counted = count(left), count(right)
             if None not in counted and counted[0] != counted[1]:
+                return False
+            if not solvable((left, right)):
                 return False
         return all(counted is None or not counted % needed
                    for counted, needed in ((count(dims), needed) for dims, needed in self.divisible))
