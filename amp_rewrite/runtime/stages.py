@@ -71,8 +71,8 @@ def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = No
     for node in graph.node:
         inner = _nested_nodes(node)
         nested.append(inner)
-        reads.append(tuple(names_read([node]) if inner else [i for i in node.input if i]))
-        outputs.append(tuple([o for o in node.output if o]))
+        reads.append(tuple(names_read([node])) if inner else _named(node.input))
+        outputs.append(_named(node.output))
     kept = _needed(watched, reads, outputs)
     stage_nodes = stage_nodes or STAGE_NODES
     stages: list[Stage] = []
@@ -203,6 +203,13 @@ def _type_of(value) -> onnx.TypeProto:
         elem = helper.np_dtype_to_tensor_dtype(value[0].dtype) if value else onnx.TensorProto.FLOAT
         return helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))
     return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(np.asarray(value).dtype), None)
+
+
+def _named(names) -> tuple[str, ...]:
+    """A node's inputs or outputs but the empty names of omitted ones (copied whole, then
+    filtered where one is empty: a comprehension over the field took twice as long)."""
+    named = tuple(names)
+    return tuple(filter(None, named)) if "" in named else named
 
 
 def _nested_nodes(node: onnx.NodeProto) -> int:
