@@ -17,7 +17,7 @@ from amp_rewrite import UserError, convert
 from amp_rewrite.rewrite.passes import measure_ranges
 from amp_rewrite.runtime import instrument, isolate, stages
 from amp_rewrite.runtime.isolate import Hung, NativeFailure, Started, isolated
-from tests.helpers import model
+from tests.helpers import colors, model
 
 
 def _segfault(progress):
@@ -126,3 +126,46 @@ def test_work_given_up_on_never_answers_for_the_next() -> None:
 
 def test_work_that_does_not_pickle_runs_in_a_child_of_its_own() -> None:
     assert Started(lambda progress: os.getpid(), "demo", portable=True).result() != os.getpid()
+
+
+def test_a_child_that_uses_no_cpu_is_stopped_as_deadlocked(monkeypatch) -> None:
+    """A child that stops using CPU (a lock inherited held from the forking caller: ONNX Runtime
+    creating a session once hung so, for the 900 s time limit) is stopped after STALL_SECONDS;
+    one that works past that is not."""
+    monkeypatch.setattr(isolate, "STALL_SECONDS", 1.0)
+    monkeypatch.setattr(isolate, "STALL_CHECK", 0.1)
+    started = time.perf_counter()
+    with pytest.raises(isolate.Stalled, match=r"^demo used no CPU for 1 s \(while waiting\), deadlocked; stopped it$"):
+        isolated(lambda progress: (progress("waiting"), time.sleep(30)), "demo")
+    assert time.perf_counter() - started < 10
+
+    def busy(progress):
+        until = time.perf_counter() + 2.5
+        while time.perf_counter() < until:
+            pass
+        return "done"
+
+    assert isolated(busy, "demo") == "done"
+
+
+def test_a_range_check_that_deadlocks_is_measured_again(monkeypatch, tmp_path) -> None:
+    """The measurement started beside the analysis stalls: the values are measured again in a
+    new child, and the check runs."""
+    monkeypatch.setattr(isolate, "STALL_SECONDS", 1.0)
+    monkeypatch.setattr(isolate, "STALL_CHECK", 0.1)
+    measure = stages.measure
+    stalled = tmp_path / "stalled"  # the children are forked: a file says whether one stalled already
+
+    def first_stalls(*args):
+        if not stalled.exists():
+            stalled.touch()
+            time.sleep(30)
+        return measure(*args)
+
+    monkeypatch.setattr(stages, "measure", first_stalls)
+    monkeypatch.setattr(measure_ranges, "PORTABLE_NODES", 0)  # each measurement in a child of its own
+    m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",
+              {"w": np.full((4, 4), 3000.0, np.float32)})
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured"), report.range_check
+    assert colors(out)["allow1"] == "fp32"  # 3000 x 4 x |x| is beyond 65504 / 16

@@ -31,6 +31,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from amp_rewrite.errors import UserError
@@ -43,6 +44,11 @@ DEFAULT_TIMEOUT = 900.0
 WORKER_IDLE = 60.0
 """Seconds the worker waits for work before it exits; the caller sends none to a worker idle
 for half of that (so none to one that is exiting)."""
+STALL_SECONDS = 60.0
+"""Seconds a child may use no CPU at all before it is taken for deadlocked (``Stalled``): work
+uses CPU, in ONNX Runtime's threads too, and reading weights from disk costs some."""
+STALL_CHECK = 1.0
+"""Seconds between two looks at a waited-for child's CPU time."""
 _OK, _RAISED, _PROGRESS = "ok", "raised", "progress"
 FORKS = "fork" in multiprocessing.get_all_start_methods()
 """Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
@@ -58,6 +64,35 @@ class NativeFailure(UserError):
 
 class Hung(NativeFailure):
     """The child process ran past its time limit."""
+
+
+class Stalled(Hung):
+    """The child process stopped using CPU before it finished: deadlocked (a lock that another
+    thread of the caller held when it forked stays held in the child; seen once in some
+    20,000 fuzzed conversions, ONNX Runtime creating a session). Another child may not be."""
+
+
+class _CpuWatch:
+    """Whether a process has gone ``STALL_SECONDS`` without using CPU, from its /proc entry (where
+    there is none, it never has)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.used, self.since = self._cpu_seconds(), time.monotonic()
+
+    def stalled(self) -> bool:
+        used = self._cpu_seconds()
+        if used is None or self.used is None or used > self.used:
+            self.used, self.since = used, time.monotonic()
+            return False
+        return time.monotonic() - self.since >= STALL_SECONDS
+
+    def _cpu_seconds(self) -> float | None:
+        try:  # the fields after the command's closing parenthesis, from the state on: utime and stime
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> T:
@@ -100,13 +135,11 @@ class Started:
         child_sender.close()
 
     def result(self) -> T:
-        """What the work returned; its exception, crash or silence past ``timeout`` raised here
-        (taking in its progress reports on the way)."""
+        """What the work returned; its exception, crash, silence past ``timeout`` or stall
+        (``Stalled``) raised here (taking in its progress reports on the way)."""
         try:
             while True:
-                if not self.connection.poll(self.timeout):
-                    raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); "
-                               f"stopped it")
+                self._wait()
                 try:
                     kind, payload = self.connection.recv()
                 except EOFError:
@@ -123,6 +156,18 @@ class Started:
         finally:
             if not self.done:  # a crash, a hang, or the caller interrupted
                 self._stop()
+
+    def _wait(self) -> None:
+        """Until the child sends something: ``timeout`` seconds at most, and while it uses CPU."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        watch = _CpuWatch(self.process.pid)
+        while not self.connection.poll(STALL_CHECK if deadline is None else
+                                       max(0.0, min(STALL_CHECK, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); stopped it")
+            if watch.stalled():
+                raise Stalled(f"{self.what} used no CPU for {STALL_SECONDS:g} s (while {self.step}), deadlocked; "
+                              f"stopped it")
 
     def close(self) -> None:
         """Stop the work if its result is still to come. A forked child is killed; the worker

@@ -21,7 +21,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.runtime import instrument, samples, stages
-from amp_rewrite.runtime.isolate import FORKS, Hung, Progress, Started, isolated
+from amp_rewrite.runtime.isolate import FORKS, Hung, Progress, Stalled, Started, isolated
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -254,12 +254,15 @@ class Measurement:
 
     def result(self) -> tuple[str, dict] | None:
         """(what extents generated inputs took, statistics by value key), or None where it
-        failed: the watched values alone may run where every value did not. A hang is raised,
+        failed: the watched values alone may run where every value did not, and a child that
+        deadlocked (``Stalled``) was not the model's doing. A hang past the time limit is raised,
         each time: measuring again would hang again."""
         if self._started is not None:
             started, self._started = self._started, None
             try:
                 self._found = started.result()
+            except Stalled:
+                self._found = None
             except Hung as hung:
                 self._hung = hung
             except Exception:  # measured again, the watched values alone
