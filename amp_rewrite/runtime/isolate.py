@@ -67,9 +67,10 @@ class Hung(NativeFailure):
 
 
 class Stalled(Hung):
-    """The child process stopped using CPU before it finished: deadlocked (a lock that another
-    thread of the caller held when it forked stays held in the child; seen once in some
-    20,000 fuzzed conversions, ONNX Runtime creating a session). Another child may not be."""
+    """The child process stopped using CPU before it finished: deadlocked, as a forked child is
+    where a lock that another thread of the caller held at the fork stays held. Seen once in
+    some 20,000 fuzzed conversions (ONNX Runtime creating a session; not again when replayed):
+    another child may not be."""
 
 
 class _CpuWatch:
