@@ -1122,3 +1122,26 @@ def test_a_rounded_binding_moves_so_that_a_count_can_solve_for_the_name_it_left(
               {"w": np.full((16, 1), 0.5, np.float32), "k": np.full((1, 1, 2, 1), 0.5, np.float32),
                "zero": np.array([0], np.int64), "sizes": np.array([1, 1], np.int64)})
     _binds_and_measures(m, ("batch=4 (from MatMul 'm1'), seq=4 (from Split 's')", {"x": (1, 4, 4)}))
+
+
+def test_a_dimension_computed_from_a_fresh_name_is_computed_from_what_it_stands_for() -> None:
+    """Rule: a Loop stacks x[batch, seq, ?] (its body adds x to the carried value), a Pad adds one
+    to the last axis (inference: ``unk__1 + 1``, unk__1 standing for x's third axis), reshaped to
+    [2, 2]: batch x seq x (x[2] + 1) = 4. The offset dimension was not resolved through the
+    alias, and the count solved nothing (found by make fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq,?] x) => (float[2,2] y) {
+                     trips = Constant <value: tensor = int64 trips {1}> ()
+                     go = Constant <value: tensor = bool go {1}> ()
+                     l1, l2 = Loop (trips, go, x) <body = body (int64 i, bool c, float[batch,seq,?] carried)
+                                                   => (bool co, float[batch,seq,?] r, float[batch,seq,?] sc) {
+                         r0 = Relu (carried)
+                         a = Add (r0, x)
+                         r = Relu (a)
+                         co = Identity (c)
+                         sc = Identity (r) }>
+                     p = Pad <mode = "constant"> (l2, pads, zero)
+                     [r1] y = Reshape (p, shape) }""",
+              {"pads": np.array([0, 0, 0, 0, 0, 0, 0, 1], np.int64), "zero": np.array(0, np.float32),
+               "shape": np.array([2, 2], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=1 (from Reshape 'r1', guessed), "
+                           "x[2]=3 (from Reshape 'r1')", {"x": (1, 1, 3)}))

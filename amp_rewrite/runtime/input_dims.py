@@ -270,11 +270,20 @@ class _Rules:
     def resolved(self, dim: Dim) -> Dim:
         """What a fresh name stands for (``aliases``), through fresh names that stand for others
         (the Add of a Loop body's carried value and x named afresh, which stands for the carried
-        value's fresh name, which stands for x's dimension)."""
+        value's fresh name, which stands for x's dimension); a dimension computed from a fresh
+        name (a Pad's ``unk__1 + 1``) is computed from what that stands for."""
         seen = set()
-        while isinstance(dim, Sym) and dim == Sym(dim.name) and dim.name in self.aliases and dim.name not in seen:
+        while isinstance(dim, Sym) and dim.name in self.aliases and dim.name not in seen:
             seen.add(dim.name)
-            dim = self.aliases[dim.name]
+            target = self.aliases[dim.name]
+            if dim == Sym(dim.name):
+                dim = target
+            elif isinstance(target, int):
+                dim = dim.at(target)
+            elif isinstance(target, Sym) and target.affine:  # s x (t x name + u) + o, over d
+                dim = Sym(target.name, dim.scale * target.offset + dim.offset, dim.scale * target.scale, dim.divisor)
+            else:
+                break
         return dim
 
     def initial(self, key: ValueKey) -> ValueKey | None:
