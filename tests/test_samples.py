@@ -1145,3 +1145,20 @@ def test_a_dimension_computed_from_a_fresh_name_is_computed_from_what_it_stands_
                "shape": np.array([2, 2], np.int64)})
     _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=1 (from Reshape 'r1', guessed), "
                            "x[2]=3 (from Reshape 'r1')", {"x": (1, 1, 3)}))
+
+
+def test_a_slice_of_a_named_axis_keeps_at_least_one_element() -> None:
+    """Rule: x[batch, seq, batch, ?] sliced from 1 on its seq axis needs seq >= 2: the guess for
+    the Reshape to [-1, 18] (batch 3 from the Split) gave seq 1, the slice was empty, and ONNX
+    Runtime's ReduceMean of it kept the axes it reduced, which the Split refused (found by make
+    fuzz: NOT RUN)."""
+    m = model("""(float[batch,seq,batch,?] x) => (float[1,?] s1) {
+                     r = Reshape (x, target)
+                     sl = Slice (x, one, end, one)
+                     t = Transpose <perm = [0, 3, 2, 1]> (sl)
+                     rm = ReduceMean <axes = [-3, 2], keepdims = 0> (t)
+                     [s] s1, s2 = Split <axis = -2> (rm, sizes) }""",
+              {"target": np.array([-1, 18], np.int64), "one": np.array([1], np.int64),
+               "end": np.array([2**63 - 1], np.int64), "sizes": np.array([1, 2], np.int64)})
+    _binds_and_measures(m, ("batch=3 (from Split 's'), seq=2 (from Reshape 'Reshape#0', guessed), "
+                           "x[3]=1 (from Reshape 'Reshape#0', guessed)", {"x": (3, 2, 3, 1)}))

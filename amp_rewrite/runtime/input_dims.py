@@ -915,7 +915,8 @@ def _gather(rules: _Rules, node: Node) -> None:
 
 def _slice(rules: _Rules, node: Node) -> None:
     """The sliced axes' extents; the others keep the input's (where ends computed from a Shape
-    made inference give up on every axis)."""
+    made inference give up on every axis). A named axis keeps at least one element (ONNX
+    Runtime's ReduceMean of an empty slice kept the axes it reduced, and a Split after it failed)."""
     data, starts, ends = rules.shape(node.inputs[0]), _bounds(rules, node, 1, "starts"), _bounds(rules, node, 2, "ends")
     if data is None or starts is None or ends is None or len(starts) != len(ends):
         return
@@ -928,6 +929,8 @@ def _slice(rules: _Rules, node: Node) -> None:
         if not -len(dims) <= axis < len(dims):
             return
         dims[axis] = _sliced(data[axis], start, end, int(step))
+        if isinstance(dims[axis], Sym):
+            rules.at_least(dims[axis], 1, f"for Slice {node.label!r}")
     rules.derive(node.outputs[0], dims)
 
 
