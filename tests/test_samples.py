@@ -1162,3 +1162,15 @@ def test_a_slice_of_a_named_axis_keeps_at_least_one_element() -> None:
                "end": np.array([2**63 - 1], np.int64), "sizes": np.array([1, 2], np.int64)})
     _binds_and_measures(m, ("batch=3 (from Split 's'), seq=2 (from Reshape 'Reshape#0', guessed), "
                            "x[3]=1 (from Reshape 'Reshape#0', guessed)", {"x": (3, 2, 3, 1)}))
+
+
+def test_a_matmuls_output_has_its_inputs_broadcast_leading_dimensions() -> None:
+    """Rule: y[1, ?, batch, batch] @ x[1, ?, batch, batch] is [1, ?, batch, batch] (the unnamed
+    axes broadcast together, taken as equal); reshaped to [2, 2], ? x batch x batch = 4. The
+    MatMul's output had a fresh name there, and the count solved nothing (found by make fuzz:
+    NOT RUN)."""
+    m = model("""(float[1,?,batch,batch] x, float[1,?,batch,batch] y) => (float[2,2] z) {
+                     mm = MatMul (y, x)
+                     [r1] z = Reshape (mm, shape) }""", {"shape": np.array([2, 2], np.int64)})
+    _binds_and_measures(m, ("x[1]=4 (from MatMul 'MatMul#0'), batch=1 (from Reshape 'r1', guessed), "
+                           "y[1]=4 (from Reshape 'r1')", {"x": (1, 4, 1, 1), "y": (1, 4, 1, 1)}))

@@ -1040,7 +1040,10 @@ def _matmul(rules: _Rules, node: Node) -> None:
         return
     origin = f"MatMul {node.label!r}"
     rules.agree([(a[-1], b[-2] if len(b) > 1 else b[0])], origin)
-    rules.agree(_aligned([a[:-2], b[:-2]]), origin, broadcast=True)
+    columns = _aligned([a[:-2], b[:-2]])
+    rules.agree(columns, origin, broadcast=True)
+    if len(a) > 1 and len(b) > 1:  # the output: the broadcast leading dimensions, a's rows, b's columns
+        rules.derive(node.outputs[0], [*(_broadcast_dim(c, rules.equal_broadcasts) for c in columns), a[-2], b[-1]])
 
 
 def _gemm(rules: _Rules, node: Node) -> None:
