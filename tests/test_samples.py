@@ -1174,3 +1174,14 @@ def test_a_matmuls_output_has_its_inputs_broadcast_leading_dimensions() -> None:
                      [r1] z = Reshape (mm, shape) }""", {"shape": np.array([2, 2], np.int64)})
     _binds_and_measures(m, ("x[1]=4 (from MatMul 'MatMul#0'), batch=1 (from Reshape 'r1', guessed), "
                            "y[1]=4 (from Reshape 'r1')", {"x": (1, 4, 1, 1), "y": (1, 4, 1, 1)}))
+
+
+def test_a_multiples_guess_keeps_the_other_multiples() -> None:
+    """Rule: x[1, batch, seq] reshaped to [-1, 2, 2] and to [-1, 6] needs batch x seq a multiple
+    of 4 and of 6: seq 12, not the 4 that the first alone gives (found by make fuzz: NOT RUN)."""
+    m = model("""(float[1,batch,seq] x) => (float[?,6] z) {
+                     r = Reshape (x, four)
+                     [r2] z = Reshape (x, six) }""",
+              {"four": np.array([-1, 2, 2], np.int64), "six": np.array([-1, 6], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'Reshape#0', guessed), seq=12 (from Reshape 'Reshape#0', "
+                           "guessed)", {"x": (1, 1, 12)}))

@@ -414,10 +414,12 @@ class _Rules:
         have *= math.prod(d.at(at[d.name]) for d in unknown if d.name != last)
         mine = [d for d in unknown if d.name == last]
         low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
-        for extent in range(low, low + needed + 1) if have > 0 else ():
-            if not have * math.prod(d.at(extent) for d in mine) % needed:
-                self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
-                return
+        # the least extent that gives a multiple and keeps every other count and multiple (x[1, batch, seq]
+        # to [-1, 2, 2] and to [-1, 6]: seq 12, not 4), else the least that gives a multiple
+        fits = [e for e in range(low, low + MAX_SEARCHED) if not have * math.prod(d.at(e) for d in mine) % needed]
+        extent = next((e for e in fits if self.consistent({**at, last: e})), fits[0] if fits else None)
+        if extent is not None:
+            self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
 
     def inputs_only(self, dims: Iterable[Sym]) -> bool:
         """Whether ``dims`` name only input dimensions: a count that a fresh name of inference's
