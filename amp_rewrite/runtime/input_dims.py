@@ -416,8 +416,12 @@ class _Rules:
         low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
         # the least extent that gives a multiple and keeps every other count and multiple (x[1, batch, seq]
         # to [-1, 2, 2] and to [-1, 6]: seq 12, not 4), else the least that gives a multiple
-        fits = [e for e in range(low, low + MAX_SEARCHED) if not have * math.prod(d.at(e) for d in mine) % needed]
-        extent = next((e for e in fits if self.consistent({**at, last: e})), fits[0] if fits else None)
+        extent = None
+        for fit in (e for e in range(low, low + MAX_SEARCHED) if not have * math.prod(d.at(e) for d in mine) % needed):
+            extent = fit if extent is None else extent
+            if self.consistent({**at, last: fit}):
+                extent = fit
+                break
         if extent is not None:
             self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
 
