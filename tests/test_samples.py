@@ -1185,3 +1185,22 @@ def test_a_multiples_guess_keeps_the_other_multiples() -> None:
               {"four": np.array([-1, 2, 2], np.int64), "six": np.array([-1, 6], np.int64)})
     _binds_and_measures(m, ("batch=1 (from Reshape 'Reshape#0', guessed), seq=12 (from Reshape 'Reshape#0', "
                            "guessed)", {"x": (1, 1, 12)}))
+
+
+@pytest.mark.parametrize("graph, weights, first", [
+    ("c = Concat <axis = 1> (x, y)", {},
+     ("batch=8, a=1 (from MatMul 'm1', guessed), b=5 (from MatMul 'm1')", {"x": (8, 1), "y": (8, 5), "u": (1,)})),
+    ("c = Concat <axis = 1> (x, y, x)", {"w": np.ones((7, 4), np.float32)},
+     ("batch=8, a=1 (from MatMul 'm1', guessed), b=5 (from MatMul 'm1')", {"x": (8, 1), "y": (8, 5), "u": (1,)})),
+    ("c = Concat <axis = 1> (x, y)\n [r1] r = Reshape (u, two)", {"two": np.array([2], np.int64)},
+     ("batch=8, a=2 (from Reshape 'r1'), b=4 (from MatMul 'm1')", {"x": (8, 2), "y": (8, 4), "u": (2,)})),
+], ids=["guessed", "a-name-twice", "one-bound"])
+def test_names_concatenated_into_a_fixed_extent_add_up_to_it(graph, weights, first) -> None:
+    """Rule: x[batch, a] and y[batch, b] concatenated on their last axis into a MatMul of 6 inputs
+    hold a + b = 6: the one name left unknown takes what the others leave, and of two, a guess
+    gives the first 1 (found by make fuzz: a sum of two names was followed nowhere, and the range
+    check was NOT RUN)."""
+    m = model(f"""(float[batch,a] x, float[batch,b] y, float[a] u) => (float[batch,4] z) {{ {graph}
+                                                                          [m1] z = MatMul (c, w) }}""",
+              {"w": np.ones((6, 4), np.float32), **weights})
+    _binds_and_measures(m, first)

@@ -36,6 +36,8 @@ Then, until nothing new is learnt:
   batch dimensions) against one fixed extent
   above 1 (a Tile or Expand of a constant reaches here through its inferred shape), and
   dimensions that must be equal (Concat's off its axis, MatMul's and Gemm's contracted ones;
+  a Concat of several names on its axis is their sum, and a fixed extent it meets gives the
+  one name left unknown, or when guessing the last of them, the others at their least;
   a product that meets a fixed extent there is a count: LeNet's Flatten into a Gemm of 864
   inputs is 6 x h x w = 864; two named dimensions that meet there are a count that any
   guess must keep: a Conv's and a MaxPool's output of the same input agree at some of its
@@ -247,6 +249,12 @@ class _Rules:
         """Every count that two shapes share, of input names and fixed extents: what a guess
         for one of them must not contradict (x[batch, seq] to [6] beside y[batch, batch, seq]
         to [18] is batch 3, not the 1 that the first alone would guess)."""
+        self.sums: dict[str, tuple[Dim, ...]] = {}
+        """What a name that no input has stands for as a sum of dimensions of several names
+        (a Concat of x[batch, a] and y[batch, b] on its last axis: a + b): a fixed extent it
+        meets is a total of them."""
+        self.totals: set[tuple[tuple[Dim, ...], int]] = set()
+        """Every total that a sum met, which a guess must keep too."""
         self.divisible: set[tuple[tuple[Dim, ...], int]] = set()
         """Counts that a Reshape with -1 needs to be multiples of its fixed extents' product,
         which a guess must keep too (x[batch, batch, seq] to [-1, 9] beside x[0:1] to [2, 3]:
@@ -382,6 +390,8 @@ class _Rules:
                         solved = d.solutions(extent) if product != d else [extent]
                         if len(solved) == 1:
                             self.same_count((product,), (solved[0],), origin)
+                    elif isinstance(d, Sym) and d.name in self.sums:
+                        self.total(d, extent, origin)
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
             elif broadcast and self.equal_broadcasts and not fixed:  # names broadcast together are taken as equal:
@@ -424,6 +434,44 @@ class _Rules:
                 break
         if extent is not None:
             self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
+
+    def sum_of(self, dims: Sequence[Dim]) -> Dim:
+        """``dims`` added up: one dimension where they name at most one name (``_sum``), else a
+        name standing for their sum (``sums``), where each is a fixed extent or an input name's."""
+        total = _sum(dims)
+        if total is not None or not all(isinstance(d, int) or (isinstance(d, Sym) and d.affine) for d in dims):
+            return total
+        name = "(" + " + ".join(str(d) if isinstance(d, int) else _written(d) for d in dims) + ")"
+        self.sums.setdefault(name, tuple(dims))
+        return Sym(name)
+
+    def total(self, dim: Sym, extent: int, origin: str) -> None:
+        """``dim``, a sum of dimensions (``sums``), is ``extent``: solve for the one name left
+        unknown; when guessing, for the last of several, the others at the guess or their least
+        (x[batch, a] and y[batch, b] concatenated into a MatMul of 6 inputs: a = 1, b = 5)."""
+        solved = dim.solutions(extent)
+        if len(solved) != 1:
+            return
+        terms = [self.resolved(d) for d in self.sums[dim.name]]
+        if not all(isinstance(d, int) or (isinstance(d, Sym) and d.affine and d.name in self.names) for d in terms):
+            return
+        self.totals.add((tuple(terms), solved[0]))
+        left = solved[0] - sum(d for d in map(self.extent, terms) if isinstance(d, int))
+        factors: dict[str, list[Sym]] = {}
+        for d in terms:
+            if isinstance(self.extent(d), Sym):
+                factors.setdefault(d.name, []).append(d)
+        if not factors or (len(factors) > 1 and not self.guess):
+            return
+        least = {name: max(self.least.get(name, 1), *(d.reaching(1) for d in dims)) for name, dims in factors.items()}
+        *others, last = sorted(factors, key=lambda name: (len(factors[name]) == 1, least[name]))
+        for at in ({name: max(self.guess, least[name]) for name in others}, {name: least[name] for name in others}):
+            rest = left - sum(d.at(at[name]) for name in others for d in factors[name])
+            extent, remainder = divmod(rest - sum(d.offset for d in factors[last]),
+                                       sum(d.scale for d in factors[last]))
+            if not remainder and extent >= least[last] and self.consistent({**at, last: extent}):
+                self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
+                return
 
     def inputs_only(self, dims: Iterable[Sym]) -> bool:
         """Whether ``dims`` name only input dimensions: a count that a fresh name of inference's
@@ -578,6 +626,10 @@ class _Rules:
             needed = other / mine if mine else Fraction(1)
             return needed.denominator == 1 and needed >= 1
 
+        for terms, total in self.totals:
+            added = [count([d]) for d in terms]
+            if None not in added and sum(added) != total:
+                return False
         for left, right in self.counts:
             counted = count(left), count(right)
             if None not in counted and counted[0] != counted[1]:
@@ -840,7 +892,8 @@ def _concat(rules: _Rules, node: Node) -> None:
         return
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0) % max(len(shapes[0]), 1)
     rules.agree((column for i, column in enumerate(zip(*shapes)) if i != axis), f"Concat {node.label!r}")
-    rules.derive(node.outputs[0], [_sum(column) if i == axis else None for i, column in enumerate(zip(*shapes))])
+    rules.derive(node.outputs[0],
+                 [rules.sum_of(column) if i == axis else None for i, column in enumerate(zip(*shapes))])
 
 
 def _pad(rules: _Rules, node: Node) -> None:
@@ -1081,6 +1134,12 @@ def _sum(dims: Sequence[Dim]) -> Dim:
     if all(isinstance(d, Sym) and d.affine and d.name == named[0].name for d in named):
         return Sym(named[0].name, total + sum(d.offset for d in named), sum(d.scale for d in named))
     return None
+
+
+def _written(dim: Sym) -> str:
+    """A dimension as a formula of its name (``2 x a + 1``)."""
+    text = f"{dim.scale} x {dim.name}" if dim.scale != 1 else dim.name
+    return f"{text} + {dim.offset}" if dim.offset else text
 
 
 def _ints(rules: _Rules, node: Node, position: int, attribute: str = "",
