@@ -1204,3 +1204,19 @@ def test_names_concatenated_into_a_fixed_extent_add_up_to_it(graph, weights, fir
                                                                           [m1] z = MatMul (c, w) }}""",
               {"w": np.ones((6, 4), np.float32), **weights})
     _binds_and_measures(m, first)
+
+
+def test_a_rounded_dimension_tiled_is_a_product_of_it_and_the_repeat() -> None:
+    """Rule: x[1, 1, 1, seq] max-pooled by stride 2 is (seq + 1) // 2 on its last axis; tiled
+    twice, 2 x ((seq + 1) // 2), which one name scaled cannot write: it stands as a product.
+    Written as a dimension, the product's tuple stopped the rules with an exception, and the
+    range check was NOT RUN (found by make fuzz); x flattened into a MatMul of 3 makes seq 3."""
+    m = model("""(float[1,1,1,seq] x) => (float[?] t, float[1,1] z) {
+                     p = MaxPool <kernel_shape = [1, 1], strides = [1, 2]> (x)
+                     r = Tile (p, twice)
+                     t = Reshape (r, flat)
+                     f = Flatten (x)
+                     [m1] z = MatMul (f, w) }""",
+              {"twice": np.array([1, 1, 1, 2], np.int64), "flat": np.array([-1], np.int64),
+               "w": np.ones((3, 1), np.float32)})
+    _binds_and_measures(m, ("seq=3 (from MatMul 'm1')", {"x": (1, 1, 1, 3)}))

@@ -931,10 +931,12 @@ def _if(rules: _Rules, node: Node) -> None:
 
 def _tile(rules: _Rules, node: Node) -> None:
     """Each axis repeated by a constant: ``2 x batch`` (inference gives a repeated named axis a
-    fresh name, even for a repeat of 1)."""
+    fresh name, even for a repeat of 1); a rounded one repeated is a product (``_product``:
+    2 x (seq // 2) has no one-name form)."""
     data, repeats = rules.shape(node.inputs[0]), _ints(rules, node, 1)
     if data is not None and repeats is not None and len(repeats) == len(data):
-        rules.derive(node.outputs[0], [_times(d, int(r)) for d, r in zip(data, repeats)])
+        rules.derive(node.outputs[0], [_product(rules, node.outputs[0], axis, (d, int(r)))
+                                       for axis, (d, r) in enumerate(zip(data, repeats))])
 
 
 def _split(rules: _Rules, node: Node) -> None:
