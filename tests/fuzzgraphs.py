@@ -6,7 +6,10 @@ LayerNormalization, reductions, Transpose, Reshape to fixed targets and through
 Shape -> Gather/Slice -> Concat computations, Concat, Slice, Gather, Where, Cast
 round trips, Pad, Conv and the pools, Flatten (into a MatMul of the flattened extent),
 Expand (to constant or Shape-computed targets), Split, Tile, If branches and Loop
-bodies that read outer values), with float inputs, sometimes int64 token ids into an
+bodies that read outer values; LayerNormalization decomposed with Pow or Mul and Sqrt, GELU
+with Erf or Pow 3 and Tanh, Clip, Abs, Neg, Sqrt, Squeeze and Unsqueeze, BatchNormalization,
+Resize by 2 to scales or Shape-computed sizes, position embeddings gathered at a Range of an
+extent), with float inputs, sometimes int64 token ids into an
 embedding Gather and an int64 attention mask cast to float, inputs
 whose declared dimensions may be symbolic ("batch", "seq", unnamed) and constants
 that leave float16's range (elements beyond 65504, below its smallest subnormal,
@@ -634,6 +637,112 @@ def flatten(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     return Tensor(g.op("MatMul", [flat, weight]), (dims[0], fixed(n)))
 
 
+def norm_decomposed(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """LayerNormalization as exporters decompose it over the last axis: x - mean, its square
+    (Pow 2, or Mul), the mean of that plus epsilon, Sqrt, Div; a weight and bias after."""
+    t = pick(draw, pool, lambda t: t.rank >= 1)
+    if t is None:
+        return None
+    last = g.ints([-1])
+    mean = g.op("ReduceMean", [t.name], axes=[-1]) if g.opset < 18 else g.op("ReduceMean", [t.name, last])
+    centred = g.op("Sub", [t.name, mean])
+    squared = (g.op("Pow", [centred, g.const(np.float32(2.0))]) if draw(st.booleans())
+               else g.op("Mul", [centred, centred]))
+    variance = (g.op("ReduceMean", [squared], axes=[-1]) if g.opset < 18
+                else g.op("ReduceMean", [squared, last]))
+    epsilon = g.const(np.float32(draw(st.sampled_from([1e-5, 1e-12]))))
+    normed = g.op("Div", [centred, g.op("Sqrt", [g.op("Add", [variance, epsilon])])])
+    if isinstance(t.dims[-1].sym, int) and draw(st.booleans()):
+        scale = g.const(weights(draw, rng, (t.shape[-1],), ("normal", "normal", "large")), "gamma")
+        normed = g.op("Add", [g.op("Mul", [normed, scale]), g.const(weights(draw, rng, (t.shape[-1],)), "beta")])
+    return Tensor(normed, t.dims)
+
+
+def gelu(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """GELU as exporters write it: x * 0.5 * (1 + Erf(x / sqrt 2)), or its tanh form with Pow 3."""
+    t = pick(draw, pool)
+    if draw(st.booleans()):
+        inner = g.op("Erf", [g.op("Div", [t.name, g.const(np.float32(math.sqrt(2.0)))])])
+    else:
+        cubed = g.op("Pow", [t.name, g.const(np.float32(3.0))])
+        widened = g.op("Add", [t.name, g.op("Mul", [cubed, g.const(np.float32(0.044715))])])
+        inner = g.op("Tanh", [g.op("Mul", [widened, g.const(np.float32(math.sqrt(2.0 / math.pi)))])])
+    half = g.op("Mul", [t.name, g.const(np.float32(0.5))])
+    return Tensor(g.op("Mul", [half, g.op("Add", [inner, g.const(np.float32(1.0))])]), t.dims)
+
+
+def clip(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Clip to constant bounds (ReLU6 and its like), Abs, Neg or Sqrt of a positive tensor."""
+    t = pick(draw, pool)
+    form = draw(st.sampled_from(("Clip", "Abs", "Neg", "Sqrt")))
+    if form == "Clip":
+        low, high = sorted(draw(st.sampled_from([(0.0, 6.0), (-1.0, 1.0), (-7e4, 7e4), (0.0, 1e5)])))
+        bounds = [g.const(np.float32(low)), g.const(np.float32(high))] if draw(st.booleans()) else \
+            [g.const(np.float32(low))]
+        return Tensor(g.op("Clip", [t.name, *bounds]), t.dims)
+    if form == "Sqrt":
+        t = pick(draw, pool, lambda t: t.positive)
+        if t is None:
+            return None
+    return Tensor(g.op(form, [t.name]), t.dims, positive=form == "Sqrt" or (form == "Abs" and t.positive))
+
+
+def squeeze(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Unsqueeze a new axis of 1, or Squeeze an axis of literal extent 1 (axes an input from opset 13)."""
+    t = pick(draw, pool)
+    ones = [i for i, d in enumerate(t.dims) if d.sym == 1]
+    if ones and draw(st.booleans()):
+        axis = draw(st.sampled_from(ones))
+        dims = tuple(d for i, d in enumerate(t.dims) if i != axis)
+        return Tensor(g.op("Squeeze", [t.name, g.ints([axis - t.rank * draw(st.integers(0, 1))])]), dims, t.positive)
+    axis = draw(st.integers(0, t.rank))
+    dims = (*t.dims[:axis], fixed(1), *t.dims[axis:])
+    return Tensor(g.op("Unsqueeze", [t.name, g.ints([axis])]), dims, t.positive)
+
+
+def batch_norm(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """BatchNormalization in inference over [N, C, ...] (C literal); its variance may be tiny."""
+    t = pick(draw, pool, lambda t: t.rank >= 2 and isinstance(t.dims[1].sym, int))
+    if t is None:
+        return None
+    c = t.shape[1]
+    variance = np.abs(weights(draw, rng, (c,), ("normal", "normal", "tiny"))) + np.float32(1e-12)
+    params = [g.const(weights(draw, rng, (c,)), "scale"), g.const(weights(draw, rng, (c,)), "bias"),
+              g.const(weights(draw, rng, (c,)), "mean"), g.const(variance.astype(np.float32), "var")]
+    return Tensor(g.op("BatchNormalization", [t.name, *params], epsilon=draw(st.sampled_from([1e-5, 1e-3]))), t.dims)
+
+
+def resize(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Resize by 2 (nearest or linear) over the spatial axes of [N, C, H, W], by scales or by
+    sizes computed from the input's Shape, as decoders upsample."""
+    t = pick(draw, pool, lambda t: t.rank == 4)
+    if t is None:
+        return None
+    dims = (*t.dims[:2], *(computed(g, 2 * d.value, [d]) for d in t.dims[2:]))
+    if numel(dims) > MAX_ELEMENTS:
+        return None
+    mode = draw(st.sampled_from(("nearest", "linear")))
+    if draw(st.booleans()):
+        steer = ["", g.const(np.array([1, 1, 2, 2], np.float32), "scales")]
+    else:
+        doubled = g.op("Mul", [shape_of(draw, g, t, 2, 4), g.ints([2])])
+        steer = ["", "", g.op("Concat", [shape_of(draw, g, t, 0, 2), doubled], axis=0)]
+    return Tensor(g.op("Resize", [t.name, *steer], mode=mode), dims, t.positive)
+
+
+def positions(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
+    """Position embeddings as language models compute them: Range(0, Shape(x)[axis]) gathered
+    from a table at least as long as the feeds' extent, added to x."""
+    t = pick(draw, pool, lambda t: t.rank >= 2 and isinstance(t.dims[-1].sym, int))
+    if t is None:
+        return None
+    axis = t.rank - 2
+    length = g.op("Squeeze", [shape_of(draw, g, t, axis, axis + 1), g.ints([0])])
+    ids = g.op("Range", [g.const(np.int64(0), "i"), length, g.const(np.int64(1), "i")])
+    table = g.const(weights(draw, rng, (t.shape[axis] + draw(st.integers(0, 8)), t.shape[-1])), "pos")
+    return Tensor(g.op("Add", [t.name, g.op("Gather", [table, ids], axis=0)]), t.dims)
+
+
 BODY_OPS = ("unary", "arithmetic", "arithmetic")
 
 
@@ -707,7 +816,8 @@ def loop(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
 
 OPS = {unary: 3, log: 1, arithmetic: 4, matmul: 6, gemm: 2, softmax: 1, layer_norm: 2, reduce: 2, transpose: 1,
        reshape_literal: 2, reshape_computed: 2, concat: 1, slice_: 1, gather: 1, where: 1, cast_round_trip: 1,
-       pad: 1, if_: 1, loop: 1, window: 2, flatten: 1, expand: 1, split: 1, tile: 1}
+       pad: 1, if_: 1, loop: 1, window: 2, flatten: 1, expand: 1, split: 1, tile: 1, norm_decomposed: 1, gelu: 1,
+       clip: 1, squeeze: 1, batch_norm: 1, resize: 1, positions: 1}
 OP_CHOICES = [op for op, weight in OPS.items() for _ in range(weight)]
 
 

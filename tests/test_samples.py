@@ -1220,3 +1220,24 @@ def test_a_rounded_dimension_tiled_is_a_product_of_it_and_the_repeat() -> None:
               {"twice": np.array([1, 1, 1, 2], np.int64), "flat": np.array([-1], np.int64),
                "w": np.ones((3, 1), np.float32)})
     _binds_and_measures(m, ("seq=3 (from MatMul 'm1')", {"x": (1, 1, 1, 3)}))
+
+
+def test_a_failure_of_the_rules_leaves_the_plain_extents_and_says_so(monkeypatch) -> None:
+    """A bug in a rule (an exception in ``implied_dims``) once ended every attempt, and the range
+    check was NOT RUN where plain extents run: they are still tried, and each set's line says
+    what failed (the fuzz test asserts that it never appears). (Checked on ``attempts``: the range
+    check may draw its inputs in a worker that this patch does not reach.)"""
+    def broken(*args, **kwargs):
+        raise AttributeError("'tuple' object has no attribute 'offset'")
+
+    monkeypatch.setattr(samples.input_dims, "implied_dims", broken)
+    m = model("""(float[batch,16] x) => (float[1,4,16] z) { a = MatMul (x, w)
+                                                       r = Reshape (a, shape)
+                                                       [m2] z = MatMul (r, w) }""",
+              {"w": BIG, "shape": TARGET})  # runs at batch 4 only: the third plain extent tried after 8
+    failure = f"{samples.IMPLIED_FAILED} (AttributeError: 'tuple' object has no attribute 'offset')"
+    tried = _dims(m)
+    assert tried[0] == (f"batch=8; {failure}", {"x": (8, 16)})
+    assert (f"batch=4; {failure}", {"x": (4, 16)}) in tried
+    assert samples.first_that_runs(samples.attempts(m, implied_first=False), lambda data: run(m, **data[0]))[0] \
+        == f"batch=4; {failure}"

@@ -35,6 +35,8 @@ NAMED_DIM = 8
 UNNAMED_DIM = 1
 FALLBACK_DIMS = (1, 2, 4)
 """Extents tried in turn for the free dimensions when a model does not run on the defaults."""
+IMPLIED_FAILED = "the extents the graph implies could not be read"
+"""Said in the line of each set drawn after ``input_dims`` failed on the model (a rule's bug)."""
 INTEGER_HIGH = 4
 """Integer inputs that index nothing known are drawn from [0, INTEGER_HIGH)."""
 MASK_NAME = re.compile(r"mask", re.IGNORECASE)
@@ -137,13 +139,22 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
              for name, fixed in shapes.items() if len(named[name]) == len(fixed)
              for d, extent in zip(named[name], fixed) if isinstance(d, str)}
 
+    failed: list[str] = []
+
+    def implied_dims(guess: int) -> dict:
+        try:
+            return input_dims.implied_dims(model, named, given, guess=guess)
+        except Exception as exc:  # a rule's own failure: the plain extents are still worth trying
+            failed.append(f"{IMPLIED_FAILED} ({type(exc).__name__}: {exc})")
+            return given
+
     def plans() -> Iterator[tuple[dict, int | None]]:
         if not implied_first:
             yield given, None
-        implied = input_dims.implied_dims(model, named, given)
+        implied = implied_dims(1)
         yield implied, None
         if any(pin.guessed for pin in implied.values()):
-            yield input_dims.implied_dims(model, named, given, guess=2), None
+            yield implied_dims(2), None
         yield from ((implied, size) for size in FALLBACK_DIMS)
         if implied != given:
             yield from ((given, None), (given, FALLBACK_DIMS[0]))
@@ -161,7 +172,8 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
             continue
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
-        description = ", ".join(f"{d}={extent}" + _origin(pins.get(d), extent) for d, extent in extents.items())
+        description = "; ".join(filter(None, [", ".join(f"{d}={extent}" + _origin(pins.get(d), extent)
+                                                    for d, extent in extents.items()), *failed[:1]]))
         steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
         # every input drawn, so that each keeps the draws it had before steering inputs were made
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
