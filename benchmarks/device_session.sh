@@ -8,6 +8,8 @@
 #                                          # benchmark models on the CPU (gpu_bench --prepare-only)
 #   benchmarks/device_session.sh train     # last part: assembles and unpacks onnxruntime-gpu, checks that
 #                                          # the CUDA provider runs, times the training steps (train_bench)
+#   benchmarks/device_session.sh fuzz      # instead of train: the fuzz cases of gpu_fuzz.py prepare (carried
+#                                          # as benchmarks/work/gpu_fuzz) run on CUDA, NaN/Inf counted
 #   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
 #   benchmarks/device_session.sh run CMD   # any command (a diagnosis) with onnxruntime-gpu set up by train
 #
@@ -54,7 +56,7 @@ prepare)
     | grep -v -i "warn" | tee "$res/prepare.log" | tail -20
   du -sh /tmp/gpuwork
   ;;
-train)
+train|fuzz)
   cat /tmp/parts/part.* > /tmp/ort.tar.xz && sha256sum /tmp/ort.tar.xz | tee -a "$res/gpu.txt"
   mkdir -p /tmp/ortgpu && tar -xJf /tmp/ort.tar.xz -C /tmp/ortgpu && export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD
   python3 - <<'EOF' 2>&1 | tee -a "$res/gpu.txt"
@@ -70,6 +72,13 @@ a = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float16)
 got = s.run(None, {"a": a, "b": a})[0]
 print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
 EOF
+  if [ "$stage" = fuzz ]; then
+    timeout "${FUZZ_SECONDS:-300}" python3 benchmarks/gpu_fuzz.py run --cases benchmarks/work/gpu_fuzz \
+      --out "$res/gpu_fuzz.json" 2>&1 | grep -v -i "warn" | tail -40
+    pack
+    ls -la "$OUT"
+    exit 0
+  fi
   timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" ${TRAIN_ARGS:-} --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
   cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
   ;;

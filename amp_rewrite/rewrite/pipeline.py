@@ -1,7 +1,9 @@
-"""The numbered pipeline: analysis passes color the model, then ``InsertCasts`` edits it.
+"""The numbered pipeline: analysis passes color the model, then ``InsertCasts`` edits it
+and ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion from breaking the result.
 
 1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. ChooseMinCasts  9. InsertCasts
+10. SeparateNormCasts
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges
+from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges, SeparateNormCasts
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.passes.measure_ranges import Measurement
 from amp_rewrite.runtime.isolate import release_free_memory
@@ -73,6 +75,7 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
         release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)
+        SeparateNormCasts().run(analysis)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
         return analysis, stats
 

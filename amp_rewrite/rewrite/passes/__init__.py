@@ -1,7 +1,7 @@
 """The graph passes, one per module, in the order ``convert`` runs them.
 
-Analysis passes refine a coloring and edit nothing; ``InsertCasts`` is the one
-pass that changes the model.
+Analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
+and ``SeparateNormCasts`` mends what it made for ONNX Runtime's LayerNorm fusion.
 """
 
 from amp_rewrite.rewrite.passes.choose_min_casts import ChooseMinCasts
@@ -13,9 +13,10 @@ from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
 from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
 from amp_rewrite.rewrite.passes.propagate_deny import PropagateDeny
+from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 
 ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
             PropagateDeny, ChooseMinCasts)
 
 __all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InsertCasts",
-           "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny"]
+           "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]
