@@ -320,6 +320,11 @@ class _Rules:
 
     def constant(self, key: ValueKey | None) -> np.ndarray | None:
         """The value of a constant int tensor (a small initializer or a Constant node's), or None."""
+        array = self.array(key)
+        return array.astype(np.int64).reshape(-1) if array is not None and array.dtype.kind in "iu" else None
+
+    def array(self, key: ValueKey | None) -> np.ndarray | None:
+        """The value of a constant tensor (an initializer or a Constant node's), or None."""
         if key is None:
             return None
         tensor = self.index.initializers.get(key)
@@ -328,8 +333,7 @@ class _Rules:
             tensor = constant_tensor(producer.proto)
         if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
             return None
-        array = numpy_helper.to_array(tensor)
-        return array.astype(np.int64).reshape(-1) if array.dtype.kind in "iu" else None
+        return numpy_helper.to_array(tensor)
 
     def extent(self, dim: Dim) -> Dim:
         pin = self.pins.get(dim.name) if isinstance(dim, Sym) else None
@@ -939,6 +943,39 @@ def _tile(rules: _Rules, node: Node) -> None:
                                        for axis, (d, r) in enumerate(zip(data, repeats))])
 
 
+def _resize(rules: _Rules, node: Node) -> None:
+    """Resize (and Upsample) to constant sizes, or sizes computed from Shapes, gives those (a
+    product: ``_product``); by constant scales, each axis times its scale, rounded down (a whole
+    scale of a name: ``2 x height``; another scale of a name: unknown). Resize's ``axes`` name
+    the axes that the sizes or scales are for."""
+    data = rules.shape(node.inputs[0]) if node.inputs else None
+    if data is None:
+        return
+    axes = next((list(a.ints) for a in node.proto.attribute if a.name == "axes"), range(len(data)))
+    if not all(-len(data) <= a < len(data) for a in axes):
+        return
+    sizes = _shape_value(rules, node.inputs[3]) if node.op_type == "Resize" and len(node.inputs) > 3 else None
+    dims: list[Dim] = list(data)
+    if sizes is not None and len(sizes) == len(axes):
+        for axis, size in zip(axes, sizes):
+            dims[axis] = _product(rules, node.outputs[0], axis % len(data), size) if isinstance(size, tuple) else size
+    else:
+        position = 2 if node.op_type == "Resize" else 1
+        scales = rules.array(node.inputs[position]) if len(node.inputs) > position else None
+        if scales is None:
+            scales = next((np.asarray(a.floats) for a in node.proto.attribute if a.name == "scales"), None)
+        if scales is None or scales.size != len(axes):
+            return
+        for axis, scale in zip(axes, scales.reshape(-1).tolist()):
+            dim = data[axis]
+            if isinstance(dim, int):
+                dims[axis] = math.floor(dim * scale)
+            elif scale != 1:
+                whole = float(scale).is_integer() and scale > 0
+                dims[axis] = _product(rules, node.outputs[0], axis % len(data), (dim, int(scale))) if whole else None
+    rules.derive(node.outputs[0], dims)
+
+
 def _split(rules: _Rules, node: Node) -> None:
     """The axis holds the split sizes' sum (sizes [1, 2] make it 3; from its opset 13 an input,
     before an attribute), each output the size of its part; without sizes, a whole number of
@@ -1186,7 +1223,8 @@ def _loop(rules: _Rules, node: Node) -> None:
 _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
-    "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile, "If": _if}
+    "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile, "If": _if, "Resize": _resize,
+    "Upsample": _resize}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
