@@ -48,6 +48,7 @@ def test_a_float32_layernorm_after_a_float16_matmul_loads_at_default_optimizatio
     converted, report = convert(m, provider=None)
     assert _unfused_readers(converted) == ["ReduceMean", "Sub"]
     assert any("LayerNormFusion" in note for note in report.notes)
+    assert convert(converted, provider=None)[0] == converted  # converting again changes nothing
     _loads_at_default_optimizations_and_matches(m, converted, {"x": rng(1).standard_normal((2, 8)).astype(np.float32)})
 
 
