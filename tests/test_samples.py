@@ -1259,3 +1259,31 @@ def test_a_resize_multiplies_the_axes_it_scales(target: str) -> None:
               {"scales": np.array([1, 1, 2, 2], np.float32), "two": np.array([2], np.int64),
                "w": np.ones((36, 1), np.float32)}, opset=18)
     _binds_and_measures(m, ("h=3 (from MatMul 'm1')", {"x": (1, 1, 3, 3)}))
+
+
+POSITIONS = """n = Shape <start = {axis}, end = {end}> (x)
+               length = Squeeze (n, zero)
+               ids = Range (start, length, step)
+               [g] p = Gather (table, ids)"""
+RANGE = {"zero": np.array([0], np.int64), "start": np.array(0, np.int64), "step": np.array(1, np.int64)}
+
+
+def test_position_ids_of_a_range_keep_a_name_within_the_table_they_index() -> None:
+    """Rule: Range(0, seq) gathered from a table of 6 rows allows seq 6 at most: seq takes 6,
+    not the default 8 (ONNX Runtime refuses an index past the table)."""
+    m = model(f"""(float[batch,seq,4] x) => (float[batch,seq,4] y) {{ {POSITIONS.format(axis=1, end=2)}
+                                                                    y = Add (x, p) }}""",
+              {**RANGE, "table": np.ones((6, 4), np.float32)})
+    _binds_and_measures(m, ("batch=8, seq=6 (the most for Gather 'g')", {"x": (8, 6, 4)}))
+
+
+def test_a_guess_keeps_a_name_within_the_table_its_position_ids_index() -> None:
+    """Rule: x[1, seq, batch] flattened into a MatMul of 3 inputs holds seq x batch = 3; Range(0,
+    batch) gathered from a table of 1 row allows batch 1 at most, so the guess is seq 3, batch 1,
+    not batch 3 (found by make fuzz once the fuzzer gathered position embeddings: the guess
+    broke the table, and the range check was NOT RUN)."""
+    m = model(f"""(float[1,seq,batch] x) => (float[1,1] z, float[batch,1] p) {{ {POSITIONS.format(axis=2, end=3)}
+                                                                            f = Flatten (x)
+                                                                            [m1] z = MatMul (f, w) }}""",
+              {**RANGE, "table": np.ones((1, 1), np.float32), "w": np.ones((3, 1), np.float32)})
+    _binds_and_measures(m, ("seq=3 (from MatMul 'm1', guessed), batch=1 (from MatMul 'm1')", {"x": (1, 3, 1)}))

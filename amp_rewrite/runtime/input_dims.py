@@ -45,6 +45,9 @@ Then, until nothing new is learnt:
   an elementwise op or Expand gives its output, where inference left a fresh name, the
   dimension of each column that is not 1 (``batch`` beside a sliced 1).
 
+Position ids Range(0, seq) gathered from a table of N rows allow seq N at most: no guess
+exceeds it, and a name that nothing binds takes it where the default is more.
+
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing. First, names broadcast together
 with no fixed extent among them are taken as equal (the fresh name inference gave their
@@ -139,6 +142,8 @@ GUESSED = ", guessed"
 """How a guessed binding's origin ends (``from Reshape 'r1', guessed``)."""
 AT_LEAST = ", at least"
 """How the origin of a name's least extent ends, where nothing bound it (``for Conv 'c1', at least``)."""
+AT_MOST = ", at most"
+"""How the origin of a name's greatest extent ends, where nothing bound it (``for Gather 'g', at most``)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,11 @@ class Pin:
     def floor(self) -> bool:
         """Whether it is the least extent the name may take (nothing bound it), not its extent."""
         return self.origin.endswith(AT_LEAST)
+
+    @property
+    def ceiling(self) -> bool:
+        """Whether it is the greatest extent the name may take (nothing bound it), not its extent."""
+        return self.origin.endswith(AT_MOST)
 
 
 def unnamed_dim(input_name: str, axis: int) -> str:
@@ -194,9 +204,11 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
         _apply(rules, declared)
     if rules.settle():  # a binding moved: the counts it left a name may solve now
         _apply(rules, declared)
-    for name in names - set(pins):  # what the readers of a name that nothing bound need at least
+    for name in names - set(pins):  # what the readers of a name that nothing bound need at least, or allow at most
         if rules.least.get(name, 1) > 1:
             pins[name] = Pin(rules.least[name], rules.least_origin[name] + AT_LEAST)
+        elif name in rules.most:
+            pins[name] = Pin(rules.most[name], rules.most_origin[name] + AT_MOST)
     return pins
 
 
@@ -239,6 +251,10 @@ class _Rules:
         a guess gives a name at the least."""
         self.least_origin: dict[str, str] = {}
         """What needs each name's least extent (``for Conv 'c1'``)."""
+        self.most: dict[str, int] = {}
+        """The greatest extent each name may take (position ids Range(0, seq) gathered from a
+        table of 4 rows allow 4): what no guess may exceed."""
+        self.most_origin: dict[str, str] = {}
         self.ranges: dict[str, list[int]] = {}
         """The extents that would have given the dimension that bound a name, where it is rounded
         (a Conv of stride 2 gives 28 from 55 and 56): ``settle`` may move the name within them."""
@@ -262,7 +278,8 @@ class _Rules:
 
     def learnt(self) -> int:
         """How much the rules have found: more after a round that found something."""
-        return len(self.pins) + len(self.aliases) + len(self.derived) + sum(self.least.values())
+        return (len(self.pins) + len(self.aliases) + len(self.derived) + sum(self.least.values())
+                + len(self.most) - sum(self.most.values()))
 
     def shape(self, key: ValueKey | None) -> tuple[Dim, ...] | None:
         """The shape, each name as a Sym (or what it is an alias of): as derived, else as inferred;
@@ -522,6 +539,13 @@ class _Rules:
             self.least[dim.name] = dim.reaching(extent)
             self.least_origin[dim.name] = origin
 
+    def at_most(self, dim: Dim, extent: int, origin: str) -> None:
+        """``dim`` must be ``extent`` or less (one input name, affine)."""
+        if isinstance(dim, Sym) and dim.name in self.names and dim.affine and dim.scale > 0:
+            most = dim.reaching(extent + 1) - 1
+            if most >= 1 and most < self.most.get(dim.name, most + 1):
+                self.most[dim.name], self.most_origin[dim.name] = most, origin
+
     def split(self, dims: Sequence[Sym], extent: int, origin: str, last_guessed: bool = False,
               others: Mapping[str, int] | None = None) -> None:
         """``extent`` for the last of ``dims`` (a guess too if ``last_guessed``), ``others``
@@ -630,6 +654,8 @@ class _Rules:
             needed = other / mine if mine else Fraction(1)
             return needed.denominator == 1 and needed >= 1
 
+        if any(known[name] > most for name, most in self.most.items() if name in known):
+            return False
         for terms, total in self.totals:
             added = [count([d]) for d in terms]
             if None not in added and sum(added) != total:
@@ -1005,10 +1031,24 @@ def _split(rules: _Rules, node: Node) -> None:
 
 
 def _gather(rules: _Rules, node: Node) -> None:
-    """Constant indices on a named axis need it to hold them: index 2 (or -3) needs 3."""
+    """Constant indices on a named axis need it to hold them: index 2 (or -3) needs 3. Indices
+    Range(0, d) (position ids, through Unsqueeze, Expand, Reshape or Cast) on an axis of fixed
+    extent N need d to be N at most."""
     picked = _picked(rules, node)
     if picked is not None and picked[1].size:
         rules.at_least(picked[0], max(int(picked[1].max()) + 1, -int(picked[1].min())), f"for Gather {node.label!r}")
+    data = rules.shape(node.inputs[0]) if len(node.inputs) == 2 else None
+    axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
+    if data is None or not -len(data) <= axis < len(data) or not isinstance(data[axis], int):
+        return
+    source = rules.index.producer_node(rules.index.values[node.inputs[1]])
+    while source is not None and source.op_type in ("Unsqueeze", "Expand", "Reshape", "Cast") and source.inputs:
+        source = rules.index.producer_node(rules.index.values[source.inputs[0]])
+    if source is None or source.op_type != "Range" or source.domain != "" or len(source.inputs) != 3:
+        return
+    start, limit, delta = (_shape_value(rules, key) for key in source.inputs)
+    if start == [0] and delta == [1] and limit is not None and len(limit) == 1:
+        rules.at_most(limit[0], data[axis], f"for Gather {node.label!r}")
 
 
 def _slice(rules: _Rules, node: Node) -> None:

@@ -182,17 +182,21 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
 
 
 def _extent(pin: input_dims.Pin | None, default: int) -> int:
-    """A name's extent: what bound it, else the default, raised to the least its readers need."""
+    """A name's extent: what bound it, else the default, raised to the least its readers need or
+    lowered to the most they allow."""
     if pin is None:
         return default
-    return max(pin.extent, default) if pin.floor else pin.extent
+    return max(pin.extent, default) if pin.floor else min(pin.extent, default) if pin.ceiling else pin.extent
 
 
 def _origin(pin: input_dims.Pin | None, extent: int) -> str:
-    """What bound a name, or what raised it to its least (``the least for Conv 'c1'``)."""
-    if pin is None or (pin.floor and extent != pin.extent):
+    """What bound a name, or what raised it to its least (``the least for Conv 'c1'``) or lowered
+    it to its most."""
+    if pin is None or ((pin.floor or pin.ceiling) and extent != pin.extent):
         return ""
-    return f" (the least {pin.origin.removesuffix(input_dims.AT_LEAST)})" if pin.floor else f" (from {pin.origin})"
+    if pin.floor:
+        return f" (the least {pin.origin.removesuffix(input_dims.AT_LEAST)})"
+    return f" (the most {pin.origin.removesuffix(input_dims.AT_MOST)})" if pin.ceiling else f" (from {pin.origin})"
 
 
 def first_that_runs(candidates: Iterable[tuple[str, list[Sample]]],
