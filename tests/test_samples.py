@@ -1243,21 +1243,28 @@ def test_a_failure_of_the_rules_leaves_the_plain_extents_and_says_so(monkeypatch
         == f"batch=4; {failure}"
 
 
-@pytest.mark.parametrize("target", ['"", scales', '"", "", sizes'], ids=["scales", "sizes-from-shape"])
-def test_a_resize_multiplies_the_axes_it_scales(target: str) -> None:
+@pytest.mark.parametrize("resize, opset", [('Resize <mode = "nearest"> (x, "", scales)', 18),
+                                           ('Resize <mode = "nearest"> (x, "", "", sizes)', 18),
+                                           ('Resize <mode = "nearest"> (x, scales)', 10),
+                                           ("Upsample (x, scales)", 9)],
+                         ids=["scales", "sizes-from-shape", "opset-10", "upsample"])
+def test_a_resize_multiplies_the_axes_it_scales(resize: str, opset: int) -> None:
     """Rule: x[1, 1, h, h] resized by 2 on both spatial axes (constant scales, or sizes computed
-    as Shape(x)[2:] x 2) is [1, 1, 2h, 2h]; flattened into a MatMul of 36 inputs, h = 3
-    (found by make fuzz once the fuzzer resized: inference leaves a resized named axis unknown,
-    and the range check was NOT RUN)."""
-    m = model(f"""(float[1,1,h,h] x) => (float[1,1] z) {{ hw = Shape <start = 2> (x)
-                                                         twice = Mul (hw, two)
-                                                         head = Shape <end = 2> (x)
-                                                         sizes = Concat <axis = 0> (head, twice)
-                                                         r = Resize <mode = "nearest"> (x, {target})
+    as Shape(x)[2:] x 2; scales are the second input before opset 11, and Upsample's) is
+    [1, 1, 2h, 2h]; flattened into a MatMul of 36 inputs, h = 3 (found by make fuzz once the
+    fuzzer resized: inference leaves a resized named axis unknown, and the range check was NOT RUN)."""
+    shapes = """hw = Shape (x)
+                twice = Mul (hw, two)
+                head = Slice (hw, zero, two)
+                tail = Slice (twice, two, four)
+                sizes = Concat <axis = 0> (head, tail)""" if "sizes" in resize else ""
+    m = model(f"""(float[1,1,h,h] x) => (float[1,1] z) {{ {shapes}
+                                                         r = {resize}
                                                          f = Flatten (r)
                                                          [m1] z = MatMul (f, w) }}""",
               {"scales": np.array([1, 1, 2, 2], np.float32), "two": np.array([2], np.int64),
-               "w": np.ones((36, 1), np.float32)}, opset=18)
+               "zero": np.array([0], np.int64), "four": np.array([4], np.int64),
+               "w": np.ones((36, 1), np.float32)}, opset=opset)
     _binds_and_measures(m, ("h=3 (from MatMul 'm1')", {"x": (1, 1, 3, 3)}))
 
 

@@ -980,13 +980,13 @@ def _resize(rules: _Rules, node: Node) -> None:
     axes = next((list(a.ints) for a in node.proto.attribute if a.name == "axes"), range(len(data)))
     if not all(-len(data) <= a < len(data) for a in axes):
         return
-    sizes = _shape_value(rules, node.inputs[3]) if node.op_type == "Resize" and len(node.inputs) > 3 else None
+    sizes = _shape_value(rules, node.inputs[3]) if node.op_type == "Resize" and len(node.inputs) == 4 else None
     dims: list[Dim] = list(data)
     if sizes is not None and len(sizes) == len(axes):
         for axis, size in zip(axes, sizes):
             dims[axis] = _product(rules, node.outputs[0], axis % len(data), size) if isinstance(size, tuple) else size
     else:
-        position = 2 if node.op_type == "Resize" else 1
+        position = 2 if node.op_type == "Resize" and rules.index.opset(node) >= 11 else 1  # (X, roi, scales, sizes)
         scales = rules.array(node.inputs[position]) if len(node.inputs) > position else None
         if scales is None:
             scales = next((np.asarray(a.floats) for a in node.proto.attribute if a.name == "scales"), None)
