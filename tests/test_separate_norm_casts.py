@@ -9,7 +9,8 @@ import onnx
 import pytest
 
 from amp_rewrite import convert
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import instrument, samples
+from models.builders import transformer
 from tests.helpers import model, rng
 
 NORM = """mean = ReduceMean <axes = [-1]> (h)
@@ -72,3 +73,13 @@ def test_a_cast_that_other_nodes_read_too_is_left_alone() -> None:
     assert _unfused_readers(converted) == []
     assert not any("LayerNormFusion" in note for note in report.notes)
     _loads_at_default_optimizations_and_matches(m, converted, {"x": rng(1).standard_normal((2, 8)).astype(np.float32)})
+
+
+def test_the_sample_transformer_with_decomposed_layernorms_loads_at_default_optimizations() -> None:
+    """The bundled encoder with its LayerNorms written out (as older exporters write them): the
+    first reads the float16 embeddings' Cast, which ONNX Runtime refused to fuse before."""
+    m = transformer(blocks=2, with_mask=True, fused_layer_norm=False)
+    converted, report = convert(m)
+    assert any("LayerNormFusion" in note for note in report.notes)
+    feeds = samples.generate(m, seed=0)[0]
+    _loads_at_default_optimizations_and_matches(m, converted, feeds)
