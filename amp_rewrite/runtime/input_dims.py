@@ -255,6 +255,7 @@ class _Rules:
         """The greatest extent each name may take (position ids Range(0, seq) gathered from a
         table of 4 rows allow 4): what no guess may exceed."""
         self.most_origin: dict[str, str] = {}
+        """What allows each name's greatest extent (``for Gather 'g'``)."""
         self.ranges: dict[str, list[int]] = {}
         """The extents that would have given the dimension that bound a name, where it is rounded
         (a Conv of stride 2 gives 28 from 55 and 56): ``settle`` may move the name within them."""
@@ -458,7 +459,7 @@ class _Rules:
 
     def sum_of(self, dims: Sequence[Dim]) -> Dim:
         """``dims`` added up: one dimension where they name at most one name (``_sum``), else a
-        name standing for their sum (``sums``), where each is a fixed extent or an input name's."""
+        name standing for their sum (``sums``), where each is a fixed extent or a name's, unrounded."""
         total = _sum(dims)
         if total is not None or not all(isinstance(d, int) or (isinstance(d, Sym) and d.affine) for d in dims):
             return total
