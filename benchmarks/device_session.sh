@@ -75,12 +75,10 @@ EOF
   if [ "$stage" = fuzz ]; then
     timeout "${FUZZ_SECONDS:-300}" python3 benchmarks/gpu_fuzz.py run --cases benchmarks/work/gpu_fuzz \
       --out "$res/gpu_fuzz.json" 2>&1 | grep -v -i "warn" | tail -40
-    pack
-    ls -la "$OUT"
-    exit 0
+  else
+    timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" ${TRAIN_ARGS:-} --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
+    cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
   fi
-  timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" ${TRAIN_ARGS:-} --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12
-  cp benchmarks/RESULTS.md "$res/RESULTS.train.md"
   ;;
 infer)
   timeout 240 python3 benchmarks/gpu_bench.py "${only[@]}" --work /tmp/gpuwork --out "$res/gpu" --jobs 12 --warmup 10 --runs 100 \
