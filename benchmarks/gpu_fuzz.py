@@ -66,8 +66,7 @@ def prepare(examples: int, out: Path) -> None:
         kept += 1
 
     each()
-    onnx_version = onnx.__version__
-    print(f"kept {kept} cases where the range check ran ({skipped} skipped), onnx {onnx_version}, in {out}")
+    print(f"kept {kept} cases where the range check ran ({skipped} skipped), onnx {onnx.__version__}, in {out}")
 
 
 def run_cases(cases: Path, provider: str, out: Path | None) -> None:
