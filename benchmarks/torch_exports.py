@@ -1,0 +1,208 @@
+"""Real exporters' output as an external suite: small BERT, GPT-2, Llama and ConvNeXt models written
+in PyTorch, exported by its TorchScript exporter (opsets 14 and 17) and by its dynamo exporter
+(opset 18), then converted and checked. Two steps, because PyTorch is not a dependency:
+
+    python benchmarks/torch_exports.py export --out DIR   # with a Python that has torch (2.13 CPU here)
+    python benchmarks/torch_exports.py check --models DIR # with amp-rewrite's
+
+``check`` converts each model with its defaults (generated inputs), and once with fixed inputs
+(token ids below the vocabulary, a mask of ones) as the range check's data, and reports: the
+range check's line, whether ONNX Runtime loads the converted model at its default optimizations
+(in a child process: its CPU provider crashes on some float16 graphs), and the relative L2 error
+of the first output with float16 storage emulated, against float32. Random weights (seed 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, WIDTH, HEADS, LAYERS = 100, 64, 4, 2
+
+
+def export(out: Path) -> None:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    V, D, H, L = VOCAB, WIDTH, HEADS, LAYERS
+
+    class Bert(nn.Module):
+        """nn.TransformerEncoder (post-norm, GELU) after token and position embeddings."""
+
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos, self.ln = nn.Embedding(V, D), nn.Embedding(64, D), nn.LayerNorm(D)
+            layer = nn.TransformerEncoderLayer(D, H, 4 * D, dropout=0.0, activation="gelu", batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
+            self.head = nn.Linear(D, 2)
+
+        def forward(self, ids, mask):
+            x = self.ln(self.tok(ids) + self.pos(torch.arange(ids.shape[1]).unsqueeze(0)))
+            return self.head(self.enc(x, src_key_padding_mask=mask == 0)[:, 0])
+
+    class ManualNorm(nn.Module):
+        """LayerNorm written out, as older GPT-2 and ConvNeXt code does, over ``dim``."""
+
+        def __init__(self, d, dim=-1, eps=1e-5):
+            super().__init__()
+            self.g, self.b, self.dim, self.eps = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d)), dim, eps
+
+        def forward(self, x):
+            u = x.mean(self.dim, keepdim=True)
+            s = (x - u).pow(2).mean(self.dim, keepdim=True)
+            shape = [-1] + [1] * (-self.dim - 1) if self.dim < 0 else [-1] + [1] * (x.dim() - self.dim - 1)
+            return self.g.view(shape) * ((x - u) / torch.sqrt(s + self.eps)) + self.b.view(shape)
+
+    def block(**layers):
+        return nn.ModuleDict(layers)
+
+    class GPT(nn.Module):
+        """GPT-2: written-out LayerNorms, causal attention by masked_fill, tanh GELU with Pow 3."""
+
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(64, D)
+            self.blocks = nn.ModuleList([block(ln1=ManualNorm(D), qkv=nn.Linear(D, 3 * D), proj=nn.Linear(D, D),
+                                               ln2=ManualNorm(D), fc=nn.Linear(D, 4 * D), out=nn.Linear(4 * D, D))
+                                         for _ in range(L)])
+            self.lnf, self.head = ManualNorm(D), nn.Linear(D, V, bias=False)
+
+        def forward(self, ids):
+            b, t = ids.shape
+            x = self.tok(ids) + self.pos(torch.arange(t).unsqueeze(0))
+            causal = torch.tril(torch.ones(t, t)).view(1, 1, t, t)
+            for blk in self.blocks:
+                q, k, v = (z.view(b, t, H, D // H).transpose(1, 2) for z in blk["qkv"](blk["ln1"](x)).split(D, dim=2))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // H))
+                att = att.masked_fill(causal == 0, float("-inf")).softmax(-1)
+                x = x + blk["proj"]((att @ v).transpose(1, 2).contiguous().view(b, t, D))
+                h = blk["fc"](blk["ln2"](x))
+                h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+                x = x + blk["out"](h)
+            return self.head(self.lnf(x))
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.w, self.eps = nn.Parameter(torch.ones(d)), eps
+
+        def forward(self, x):
+            return self.w * (x * torch.rsqrt(x.to(torch.float32).pow(2).mean(-1, keepdim=True) + self.eps))
+
+    class Llama(nn.Module):
+        """Llama: RMSNorm, scaled_dot_product_attention (causal), SwiGLU."""
+
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(V, D)
+            self.layers = nn.ModuleList([block(n1=RMSNorm(D), qkv=nn.Linear(D, 3 * D, bias=False),
+                                               o=nn.Linear(D, D, bias=False), n2=RMSNorm(D),
+                                               gate=nn.Linear(D, 2 * D, bias=False), up=nn.Linear(D, 2 * D, bias=False),
+                                               down=nn.Linear(2 * D, D, bias=False)) for _ in range(L)])
+            self.norm, self.head = RMSNorm(D), nn.Linear(D, V, bias=False)
+
+        def forward(self, ids):
+            b, t = ids.shape
+            x = self.tok(ids)
+            for layer in self.layers:
+                qkv = layer["qkv"](layer["n1"](x)).split(D, dim=2)
+                q, k, v = (z.view(b, t, H, D // H).transpose(1, 2) for z in qkv)
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + layer["o"](a.transpose(1, 2).reshape(b, t, D))
+                h = layer["n2"](x)
+                x = x + layer["down"](F.silu(layer["gate"](h)) * layer["up"](h))
+            return self.head(self.norm(x))
+
+    class ConvNeXt(nn.Module):
+        """A ConvNeXt stage: a channels-first written-out LayerNorm after the stem, a depthwise 7x7,
+        LayerNorm, an inverted MLP with GELU, layer scale of 1e-6."""
+
+        def __init__(self):
+            super().__init__()
+            self.stem, self.ln0 = nn.Conv2d(3, 32, 4, 4), ManualNorm(32, dim=1, eps=1e-6)
+            self.dw, self.ln = nn.Conv2d(32, 32, 7, padding=3, groups=32), nn.LayerNorm(32)
+            self.pw1, self.pw2 = nn.Linear(32, 128), nn.Linear(128, 32)
+            self.gamma = nn.Parameter(1e-6 * torch.ones(32))
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = self.ln0(self.stem(x))
+            y = self.pw2(F.gelu(self.pw1(self.ln(self.dw(x).permute(0, 2, 3, 1)))))
+            x = x + (self.gamma * y).permute(0, 3, 1, 2)
+            return self.head(x.mean([-2, -1]))
+
+    ids = (torch.randint(0, V, (2, 16)),)
+    models = {"bert": (Bert(), (ids[0], torch.ones(2, 16, dtype=torch.long)), ["ids", "mask"]),
+              "gpt": (GPT(), ids, ["ids"]), "llama": (Llama(), ids, ["ids"]),
+              "convnext": (ConvNeXt(), (torch.randn(2, 3, 64, 64),), ["x"])}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (model, args, names) in models.items():
+        model.eval()
+        axes = {n: {0: "batch"} if n == "x" else {0: "batch", 1: "seq"} for n in names}
+        for opset in (14, 17):
+            torch.onnx.export(model, args, out / f"{name}_op{opset}.onnx", input_names=names, output_names=["out"],
+                              dynamic_axes=axes, opset_version=opset, dynamo=False)
+        batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=2, max=64)
+        shapes = {n: {0: batch} if n == "x" else {0: batch, 1: seq} for n in names}
+        torch.onnx.export(model, args, out / f"{name}_dynamo18.onnx", input_names=names, output_names=["out"],
+                          dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
+        print("exported", name, flush=True)
+
+
+def check(models: Path) -> None:
+    import numpy as np
+    import onnx
+
+    sys.path.insert(0, str(ROOT))
+    from amp_rewrite import convert
+    from amp_rewrite.runtime import instrument, samples
+    from amp_rewrite.runtime.emulate import emulated
+    from amp_rewrite.runtime.isolate import NativeFailure, isolated
+
+    def loads(model) -> str:
+        try:
+            isolated(lambda progress: instrument.session(model, optimize="all") and None, "onnxruntime (load)")
+        except NativeFailure as exc:
+            return f"crashes ({exc})"
+        except Exception as exc:
+            return f"refused ({str(exc).splitlines()[0][:100]})"
+        return "loads"
+
+    print("| model | range check, generated inputs | low nodes | casts | loads at default optimizations "
+          "| rel L2, emulated float16 |")
+    print("|---|---|---:|---:|---|---:|")
+    for path in sorted(glob.glob(str(models / "*.onnx"))):
+        model = onnx.load(path)
+        _, report = convert(model)
+        feeds = samples.generate(model, seed=0)[0]
+        if "ids" in feeds:
+            feeds["ids"] = np.random.default_rng(0).integers(0, VOCAB, feeds["ids"].shape).astype(np.int64)
+        if "mask" in feeds:
+            feeds["mask"] = np.ones_like(feeds["mask"])
+        converted, fixed = convert(model, inputs=[feeds])
+        want = instrument.session(model).run(None, feeds)[0]
+        got = instrument.session(emulated(converted)).run(None, feeds)[0].astype(np.float32)
+        error = float(np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30))
+        print(f"| {Path(path).stem} | {report.range_check} | {fixed.low_nodes}/{fixed.nodes} | {fixed.casts_inserted} "
+              f"| {loads(converted)} (float32: {loads(model)}) | {error:.1e} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    steps = parser.add_subparsers(dest="step", required=True)
+    for step in ("export", "check"):
+        steps.add_parser(step).add_argument("--out" if step == "export" else "--models", type=Path,
+                                            default=ROOT / "benchmarks" / "work" / "torch_exports")
+    args = parser.parse_args()
+    export(args.out) if args.step == "export" else check(args.models)
+
+
+if __name__ == "__main__":
+    main()
