@@ -1294,3 +1294,22 @@ def test_a_guess_keeps_a_name_within_the_table_its_position_ids_index() -> None:
                                                                             [m1] z = MatMul (f, w) }}""",
               {**RANGE, "table": np.ones((1, 1), np.float32), "w": np.ones((3, 1), np.float32)})
     _binds_and_measures(m, ("seq=3 (from MatMul 'm1', guessed), batch=1 (from MatMul 'm1')", {"x": (1, 3, 1)}))
+
+
+def test_a_range_of_a_computed_limit_holds_that_many_elements() -> None:
+    """Rule: Range(0, Shape(m)[1]) of m = ReduceMean(x) over all axes (keepdims: [1, 1, 1]) holds
+    1 element; gathered and added to m and x, it broadcasts as 1, so the Split of the sum into
+    [1, 2] on x's third axis binds seq = 3 (found by make fuzz: inference named the Range's
+    length afresh, the sum's axis went unknown, and the range check was NOT RUN)."""
+    m = model("""(float[1,batch,seq,2] x) => (float[1,batch,1,2] s1) {
+                     q = Squeeze (x, zero)
+                     mean = ReduceMean <axes = [0, 1, 2], keepdims = 1> (q)
+                     n = Shape <start = 1, end = 2> (mean)
+                     length = Squeeze (n, zero)
+                     ids = Range (start, length, step)
+                     p = Gather (table, ids)
+                     a = Add (mean, p)
+                     b = Add (a, x)
+                     [s] s1, s2 = Split <axis = 2> (b, sizes) }""",
+              {**RANGE, "table": np.ones((1, 1), np.float32), "sizes": np.array([1, 2], np.int64)})
+    _binds_and_measures(m, ("batch=8, seq=3 (from Split 's')", {"x": (1, 8, 3, 2)}))

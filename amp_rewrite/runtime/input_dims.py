@@ -45,8 +45,10 @@ Then, until nothing new is learnt:
   an elementwise op or Expand gives its output, where inference left a fresh name, the
   dimension of each column that is not 1 (``batch`` beside a sliced 1).
 
-Position ids Range(0, seq) gathered from a table of N rows allow seq N at most: no guess
-exceeds it, and a name that nothing binds takes it where the default is more.
+A Range of a constant start and step holds (limit - start) / step elements (a limit computed
+from a Shape gives a dimension); position ids Range(0, seq) gathered from a table of N rows
+allow seq N at most: no guess exceeds it, and a name that nothing binds takes it where the
+default is more.
 
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing. First, names broadcast together
@@ -1003,6 +1005,20 @@ def _resize(rules: _Rules, node: Node) -> None:
     rules.derive(node.outputs[0], dims)
 
 
+def _range(rules: _Rules, node: Node) -> None:
+    """Range of a constant start and step holds (limit - start) / step elements, rounded up: a
+    limit computed from a Shape gives a dimension (position ids Range(0, Shape(x)[1]): seq)."""
+    if len(node.inputs) != 3:
+        return
+    start, limit, delta = (_shape_value(rules, key) for key in node.inputs)
+    if not (start and limit and delta) or len(start) != 1 or len(limit) != 1 or len(delta) != 1:
+        return
+    (begin,), (end,), (step,) = start, limit, delta
+    if isinstance(begin, int) and isinstance(step, int) and step >= 1 and not isinstance(end, tuple):
+        length = _divided(_sum([end, -begin]), step - 1, step)
+        rules.derive(node.outputs[0], [max(length, 0) if isinstance(length, int) else length])
+
+
 def _split(rules: _Rules, node: Node) -> None:
     """The axis holds the split sizes' sum (sizes [1, 2] make it 3; from its opset 13 an input,
     before an attribute), each output the size of its part; without sizes, a whole number of
@@ -1265,7 +1281,7 @@ _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
     "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile, "If": _if, "Resize": _resize,
-    "Upsample": _resize}
+    "Upsample": _resize, "Range": _range}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:
