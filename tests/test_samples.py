@@ -1313,3 +1313,14 @@ def test_a_range_of_a_computed_limit_holds_that_many_elements() -> None:
                      [s] s1, s2 = Split <axis = 2> (b, sizes) }""",
               {**RANGE, "table": np.ones((1, 1), np.float32), "sizes": np.array([1, 2], np.int64)})
     _binds_and_measures(m, ("batch=8, seq=3 (from Split 's')", {"x": (1, 8, 3, 2)}))
+
+
+def test_a_multiple_that_a_capped_name_cannot_give_goes_to_another_name() -> None:
+    """Rule: x[batch, batch, seq, 1] reshaped to [-1, 4] needs batch x batch x seq a multiple of
+    4; Range(0, seq) gathered from a table of 2 rows allows seq 2 at most, so batch makes up the
+    multiple: batch 2, seq 1, not seq 4 (found by make fuzz: NOT RUN)."""
+    m = model(f"""(float[batch,batch,seq,1] x) => (float[?,4] r, float[seq,1] p) {{ {POSITIONS.format(axis=2, end=3)}
+                                                                               r = Reshape (x, target) }}""",
+              {**RANGE, "table": np.ones((2, 1), np.float32), "target": np.array([-1, 4], np.int64)})
+    _binds_and_measures(m, ("batch=2 (from Reshape 'Reshape#4', guessed), seq=1 (from Reshape 'Reshape#4', guessed)",
+                           {"x": (2, 2, 1, 1)}))

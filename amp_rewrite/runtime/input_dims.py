@@ -443,21 +443,30 @@ class _Rules:
         unknown = [e for e in extents if isinstance(e, Sym)]
         if not unknown or needed <= 0 or have <= 0 or not have % needed or not self.inputs_only(unknown):
             return
-        *others, last = dict.fromkeys(d.name for d in unknown)
-        at = {name: self.least.get(name, 1) for name in others}
-        have *= math.prod(d.at(at[d.name]) for d in unknown if d.name != last)
-        mine = [d for d in unknown if d.name == last]
-        low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
-        # the least extent that gives a multiple and keeps every other count and multiple (x[1, batch, seq]
-        # to [-1, 2, 2] and to [-1, 6]: seq 12, not 4), else the least that gives a multiple
-        extent = None
-        for fit in (e for e in range(low, low + MAX_SEARCHED) if not have * math.prod(d.at(e) for d in mine) % needed):
-            extent = fit if extent is None else extent
-            if self.consistent({**at, last: fit}):
-                extent = fit
+        names = list(dict.fromkeys(d.name for d in unknown))
+        # the least extent of the last name that gives a multiple and keeps every other count, multiple
+        # and most (x[1, batch, seq] to [-1, 2, 2] and to [-1, 6]: seq 12, not 4); where none does, of
+        # another name (x[batch, batch, seq] to [-1, 4] with seq 2 at most: batch 2); else the least
+        # extent of the last name that gives a multiple
+        chosen = fallback = None
+        for turn, last in enumerate([names[-1], *reversed(names[:-1])]):
+            at = {name: self.least.get(name, 1) for name in names if name != last}
+            rest = have * math.prod(d.at(at[d.name]) for d in unknown if d.name != last)
+            mine = [d for d in unknown if d.name == last]
+            low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
+            span = MAX_SEARCHED if not turn else min(MAX_SEARCHED, 4 * needed)
+            for fit in (e for e in range(low, low + span) if not rest * math.prod(d.at(e) for d in mine) % needed):
+                if self.consistent({**at, last: fit}):
+                    chosen = (at, last, fit)
+                    break
+                if fallback is None and not turn:
+                    fallback = (at, last, fit)
+            if chosen is not None:
                 break
-        if extent is not None:
-            self.split([Sym(name) for name in (*others, last)], extent, origin, last_guessed=True, others=at)
+        chosen = chosen or fallback
+        if chosen is not None:
+            at, last, extent = chosen
+            self.split([Sym(name) for name in (*at, last)], extent, origin, last_guessed=True, others=at)
 
     def sum_of(self, dims: Sequence[Dim]) -> Dim:
         """``dims`` added up: one dimension where they name at most one name (``_sum``), else a
