@@ -164,16 +164,10 @@ def check(models: Path) -> None:
     from amp_rewrite import convert
     from amp_rewrite.runtime import instrument, samples
     from amp_rewrite.runtime.emulate import emulated
-    from amp_rewrite.runtime.isolate import NativeFailure, isolated
+    from tests.test_fuzz import load_failure
 
     def loads(model) -> str:
-        try:
-            isolated(lambda progress: instrument.session(model, optimize="all") and None, "onnxruntime (load)")
-        except NativeFailure as exc:
-            return f"crashes ({exc})"
-        except Exception as exc:
-            return f"refused ({str(exc).splitlines()[0][:100]})"
-        return "loads"
+        return load_failure(model) or "loads"
 
     print("| model | range check, generated inputs | low nodes | casts | loads at default optimizations "
           "| rel L2, emulated float16 |")

@@ -1017,15 +1017,21 @@ def _resize(rules: _Rules, node: Node) -> None:
 def _range(rules: _Rules, node: Node) -> None:
     """Range of a constant start and step holds (limit - start) / step elements, rounded up: a
     limit computed from a Shape gives a dimension (position ids Range(0, Shape(x)[1]): seq)."""
-    if len(node.inputs) != 3:
+    bounds = _range_bounds(rules, node)
+    if bounds is None:
         return
-    start, limit, delta = (_shape_value(rules, key) for key in node.inputs)
-    if not (start and limit and delta) or len(start) != 1 or len(limit) != 1 or len(delta) != 1:
-        return
-    (begin,), (end,), (step,) = start, limit, delta
+    begin, end, step = bounds
     if isinstance(begin, int) and isinstance(step, int) and step >= 1 and not isinstance(end, tuple):
         length = _divided(_sum([end, -begin]), step - 1, step)
         rules.derive(node.outputs[0], [max(length, 0) if isinstance(length, int) else length])
+
+
+def _range_bounds(rules: _Rules, node: Node) -> tuple[Dim | tuple[Dim, ...], ...] | None:
+    """A Range node's start, limit and step as dimensions (``_shape_value``: a limit may come from a Shape)."""
+    if node.domain != "" or len(node.inputs) != 3:
+        return None
+    values = [_shape_value(rules, key) for key in node.inputs]
+    return tuple(value[0] for value in values) if all(value and len(value) == 1 for value in values) else None
 
 
 def _split(rules: _Rules, node: Node) -> None:
@@ -1070,11 +1076,9 @@ def _gather(rules: _Rules, node: Node) -> None:
     source = rules.index.producer_node(rules.index.values[node.inputs[1]])
     while source is not None and source.op_type in ("Unsqueeze", "Expand", "Reshape", "Cast") and source.inputs:
         source = rules.index.producer_node(rules.index.values[source.inputs[0]])
-    if source is None or source.op_type != "Range" or source.domain != "" or len(source.inputs) != 3:
-        return
-    start, limit, delta = (_shape_value(rules, key) for key in source.inputs)
-    if start == [0] and delta == [1] and limit is not None and len(limit) == 1:
-        rules.at_most(limit[0], data[axis], f"for Gather {node.label!r}")
+    bounds = _range_bounds(rules, source) if source is not None and source.op_type == "Range" else None
+    if bounds is not None and bounds[0] == 0 and bounds[2] == 1:
+        rules.at_most(bounds[1], data[axis], f"for Gather {node.label!r}")
 
 
 def _slice(rules: _Rules, node: Node) -> None:
