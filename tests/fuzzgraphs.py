@@ -644,12 +644,14 @@ def norm_decomposed(draw, rng, g: Graph, pool: list[Tensor]) -> Tensor | None:
     if t is None:
         return None
     last = g.ints([-1])
-    mean = g.op("ReduceMean", [t.name], axes=[-1]) if g.opset < 18 else g.op("ReduceMean", [t.name, last])
-    centred = g.op("Sub", [t.name, mean])
+
+    def mean(x: str) -> str:  # axes an attribute before opset 18
+        return g.op("ReduceMean", [x], axes=[-1]) if g.opset < 18 else g.op("ReduceMean", [x, last])
+
+    centred = g.op("Sub", [t.name, mean(t.name)])
     squared = (g.op("Pow", [centred, g.const(np.float32(2.0))]) if draw(st.booleans())
                else g.op("Mul", [centred, centred]))
-    variance = (g.op("ReduceMean", [squared], axes=[-1]) if g.opset < 18
-                else g.op("ReduceMean", [squared, last]))
+    variance = mean(squared)
     epsilon = g.const(np.float32(draw(st.sampled_from([1e-5, 1e-12]))))
     normed = g.op("Div", [centred, g.op("Sqrt", [g.op("Add", [variance, epsilon])])])
     if isinstance(t.dims[-1].sym, int) and draw(st.booleans()):
