@@ -547,3 +547,28 @@ def test_values_truncated_to_integers_are_computed_in_fp32():
     }""", {"w": w})
     out2, _ = convert(m2, **schema_only(policy="all-low"))
     assert run(out2, x=x)[0].tolist() == run(m2, x=x)[0].tolist() == [[20] * 4] * 2
+
+
+def test_sin_and_cos_of_large_angles_stay_fp32():
+    """Rule: Sin and Cos are deny: float16 rounds an angle x by up to |x|*2^-11, so a diffusion
+    timestep embedding, sin/cos(t * freqs) with t up to 1000, would be off by up to 0.25; the Mul
+    making the angles stays fp32 with them (one Cast, after the Concat), and the MatMul is low."""
+    half = 8
+    freqs = np.exp(-np.log(10000.0) * np.arange(half) / half).astype(np.float32)[None]
+    m = model("""(float[4] t) => (float[4,4] y) {
+        [clr_fp32] a = Unsqueeze(t, one)
+        [angles_fp32] b = Mul(a, freqs)
+        [sin_fp32] s = Sin(b)
+        [cos_fp32] c = Cos(b)
+        [cat_fp32] e = Concat<axis=1>(s, c)
+        [allow] y = MatMul(e, w)
+    }""", {"one": np.array([1], np.int64), "freqs": freqs,
+           "w": rng(3).standard_normal((2 * half, 4)).astype(np.float32)})
+    out, report = convert(m, provider=None)
+    assert colors(out) == {"clr_fp32": "fp32", "angles_fp32": "fp32", "sin_fp32": "fp32", "cos_fp32": "fp32",
+                           "cat_fp32": "fp32", "allow": "low"}
+    assert "periodic function" in {d.node: d.reason for d in report.decisions}["sin_fp32"]
+    t = np.array([3.0, 250.0, 617.0, 999.0], np.float32)
+    want = run(m, t=t)[0]
+    got = run(out, t=t)[0]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3

@@ -57,6 +57,9 @@ _DENY = {
     **_group("power: results quickly leave float16's range", "Pow", "Reciprocal"),
     **_group("trigonometric/hyperbolic function that overflows or needs precision near its poles",
              "Tan", "Sinh", "Cosh", "Asin", "Acos", "Acosh", "Atanh"),
+    **_group("periodic function: float16 rounds its argument x by up to |x|*2^-11, and all of that error "
+             "reaches the output (diffusion timestep and rotary position embeddings take sin and cos of "
+             "thousands of radians)", "Sin", "Cos"),
     **_group("softmax family: exponentials and a sum over the axis need float32",
              "Softmax", "LogSoftmax", "Hardmax"),
     **_group("loss: log of probabilities and a reduction; gradients start here",
@@ -85,7 +88,7 @@ _INFER = {
              "Sqrt", "Clip", "PRelu", "Where", "Shrink"),
     **_group("bounded activation: output range fits float16",
              "Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Tanh", "Elu", "Selu", "Celu", "Gelu",
-             "HardSwish", "Swish", "ThresholdedRelu", "Softsign", "Erf", "Sin", "Cos", "Atan", "Asinh", "SwiGLU",
+             "HardSwish", "Swish", "ThresholdedRelu", "Softsign", "Erf", "Atan", "Asinh", "SwiGLU",
              ms=("Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd")),
     **_group("rounding: exact on values float16 represents", "Floor", "Ceil", "Round"),
     **_group("comparison or test: same result on values float16 represents",
