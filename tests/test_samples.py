@@ -1324,3 +1324,22 @@ def test_a_multiple_that_a_capped_name_cannot_give_goes_to_another_name() -> Non
               {**RANGE, "table": np.ones((2, 1), np.float32), "target": np.array([-1, 4], np.int64)})
     _binds_and_measures(m, ("batch=2 (from Reshape 'Reshape#4', guessed), seq=1 (from Reshape 'Reshape#4', guessed)",
                            {"x": (2, 2, 1, 1)}))
+
+
+@pytest.mark.parametrize("mask", ["past + seq", "past_sequence_length + 1"])
+def test_a_dimension_named_for_a_sum_of_other_dimensions_is_that_sum(mask: str) -> None:
+    """Rule: exporters name a key/value cache's mask dimension after what it holds
+    (``past + seq``, Optimum's ``past_sequence_length + 1``): the generated mask is that long,
+    and the model, which adds the mask to the cache and the new entries concatenated, runs at
+    the default extents (it ran only with every name 1, a mask that broadcasts)."""
+    past = "past" if mask == "past + seq" else "past_sequence_length"
+    m = model(f"""(float[batch, {past}] cache, float[batch, seq] x, float[batch, total] mask) => (float[batch, ?] y) {{
+        keys = Concat<axis=1>(cache, x)
+        y = Add(keys, mask)
+    }}""")
+    m.graph.input[2].type.tensor_type.shape.dim[1].dim_param = mask
+    text, dims = _dims(m)[0 if mask == "past + seq" else 1]
+    width = dims["cache"][1] + dims["x"][1]
+    assert dims["mask"] == (dims["x"][0], width) and f"{mask}={width} (as its name says)" in text
+    assert width == (16 if mask == "past + seq" else 2)
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -3,7 +3,8 @@
 Generated inputs respect each input's element type and shape: a dimension with a
 name (``batch``, ``seq``) takes one value shared by every input that names it, the
 one the graph implies where it implies one (``input_dims``: a Reshape to a fixed
-shape, a declared value_info), ``shapes`` fixes an input's shape outright, and
+shape, a declared value_info) or that its name spells out (a cache's mask named
+``past + seq``), ``shapes`` fixes an input's shape outright, and
 integer inputs are drawn from a range that indexes whatever they index (a token id
 feeding an embedding Gather stays below the vocabulary size; an input named like a
 mask is all ones). ``attempts`` offers other extents in turn for a model that does
@@ -12,6 +13,7 @@ not run on the first.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import zipfile
@@ -166,19 +168,58 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     tried = set()
     for pins, size in plans():
         extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
+        spelled = _spelled_out(extents, pins)
+        extents.update(spelled)
         plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
                 for name, dims in named.items()}
         if tuple(plan.items()) in tried:
             continue
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
-        description = "; ".join(filter(None, [", ".join(f"{d}={extent}" + _origin(pins.get(d), extent)
+        description = "; ".join(filter(None, [", ".join(f"{d}={extent}" + (" (as its name says)" if d in spelled else
+                                                                          _origin(pins.get(d), extent))
                                                     for d, extent in extents.items()), *failed[:1]]))
         steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
         # every input drawn, so that each keeps the draws it had before steering inputs were made
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                  for _ in range(count)]
         yield description, [{**sample, **steering} for sample in drawn]
+
+
+def _spelled_out(extents: Mapping[str, int], pins: Mapping[str, input_dims.Pin]) -> dict[str, int]:
+    """The extents of the dimensions whose names spell out arithmetic on other dimensions' names,
+    as exporters name a key/value cache's mask (``past_sequence_length + 1``, ``past + seq``):
+    unless something bound them, computed from the others' extents (where that is at least 1)."""
+    spelled = {}
+    for name in extents:
+        if name in pins:
+            continue
+        try:
+            tree = ast.parse(name, mode="eval").body
+        except SyntaxError:
+            continue
+        if isinstance(tree, ast.BinOp):
+            value = _arithmetic(tree, {d: e for d, e in extents.items() if d != name})
+            if value is not None and value >= 1:
+                spelled[name] = value
+    return spelled
+
+
+_OPERATORS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b if b else 0, ast.Div: lambda a, b: a // b if b else 0}
+
+
+def _arithmetic(tree: ast.expr, extents: Mapping[str, int]) -> int | None:
+    """The value of integer arithmetic (+ - * / //) on names of ``extents``; None for anything else."""
+    if isinstance(tree, ast.Name):
+        return extents.get(tree.id)
+    if isinstance(tree, ast.Constant):
+        return tree.value if type(tree.value) is int else None
+    if isinstance(tree, ast.BinOp) and type(tree.op) in _OPERATORS:
+        left, right = _arithmetic(tree.left, extents), _arithmetic(tree.right, extents)
+        return None if left is None or right is None else _OPERATORS[type(tree.op)](left, right)
+    return None
 
 
 def _extent(pin: input_dims.Pin | None, default: int) -> int:
