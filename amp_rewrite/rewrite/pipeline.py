@@ -1,7 +1,7 @@
-"""The numbered pipeline: analysis passes color the model, then ``InsertCasts`` edits it
+"""The numbered pipeline: the model's own functions are inlined, analysis passes color it, then ``InsertCasts`` edits it
 and ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion from breaking the result.
 
-1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
+0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. ChooseMinCasts  9. InsertCasts
 10. SeparateNormCasts
 """
@@ -20,7 +20,7 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes import ANALYSIS, InsertCasts, MeasureRanges, SeparateNormCasts
+from amp_rewrite.rewrite.passes import ANALYSIS, InlineFunctions, InsertCasts, MeasureRanges, SeparateNormCasts
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.passes.measure_ranges import Measurement
 from amp_rewrite.runtime.isolate import release_free_memory
@@ -33,8 +33,13 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     ``measured``: value statistics from an earlier run, used instead of running the model.
     ``measuring``: the range check's measurement from an earlier analysis of the same model
     (else one starts here, beside the analysis). ``speculate``: the range check may leave its
-    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile)."""
+    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). A model
+    that defines functions is analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
     options = (options or ConvertOptions()).validated()
+    inlined = None
+    if model.functions:
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        inlined = InlineFunctions().run(model)
     if measuring is None and measured is None:
         measuring = MeasureRanges.start(model, options, base_dir)
     try:
@@ -61,6 +66,8 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
         raise
     if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
         measuring.close()
+    if inlined:
+        analysis.notes.append(inlined)
     return analysis
 
 
@@ -71,7 +78,10 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
     top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``:
     as ``analyze`` takes them."""
     with gc_paused():
+        inlined = InlineFunctions().run(proto)
         analysis = analyze(proto, options, base_dir, measured, measuring=measuring, speculate=speculate)
+        if inlined:
+            analysis.notes.append(inlined)
         release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)

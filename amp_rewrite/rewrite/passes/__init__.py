@@ -1,6 +1,7 @@
 """The graph passes, one per module, in the order ``convert`` runs them.
 
-Analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
+``InlineFunctions`` first replaces calls of the model's own functions by their bodies;
+analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
 and ``SeparateNormCasts`` mends what it made for ONNX Runtime's LayerNorm fusion.
 """
 
@@ -8,6 +9,7 @@ from amp_rewrite.rewrite.passes.choose_min_casts import ChooseMinCasts
 from amp_rewrite.rewrite.passes.color_by_policy import ColorByPolicy
 from amp_rewrite.rewrite.passes.find_candidates import FindCandidates
 from amp_rewrite.rewrite.passes.infer_types import InferTypes
+from amp_rewrite.rewrite.passes.inline_functions import InlineFunctions
 from amp_rewrite.rewrite.passes.insert_casts import InsertCasts
 from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
@@ -18,5 +20,6 @@ from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
             PropagateDeny, ChooseMinCasts)
 
-__all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InsertCasts",
-           "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]
+__all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InlineFunctions",
+           "InsertCasts", "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny",
+           "SeparateNormCasts"]
