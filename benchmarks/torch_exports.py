@@ -1,15 +1,18 @@
-"""Real exporters' output as an external suite: small BERT, GPT-2, Llama and ConvNeXt models written
-in PyTorch, exported by its TorchScript exporter (opsets 14 and 17) and by its dynamo exporter
-(opset 18), then converted and checked. Two steps, because PyTorch is not a dependency:
+"""Real exporters' output as an external suite: small BERT, GPT-2, Llama, ConvNeXt, T5, ViT,
+MobileNetV3, diffusion UNet, LSTM, detection-head and cached GPT decoder models written in PyTorch,
+exported by its TorchScript exporter (opsets 14 and 17, and 17 with every module a local function)
+and by its dynamo exporter (opset 18), then converted and checked. Two steps, because PyTorch is
+not a dependency:
 
     python benchmarks/torch_exports.py export --out DIR   # with a Python that has torch (2.13 CPU here)
     python benchmarks/torch_exports.py check --models DIR # with amp-rewrite's
 
 ``check`` converts each model with its defaults (generated inputs), and once with fixed inputs
-(token ids below the vocabulary, a mask of ones) as the range check's data, and reports: the
-range check's line, whether ONNX Runtime loads the converted model at its default optimizations
-(in a child process: its CPU provider crashes on some float16 graphs), and the relative L2 error
-of the first output with float16 storage emulated, against float32. Random weights (seed 0).
+(token ids below the vocabulary, masks of ones, diffusion timesteps in 0-999) as the range check's
+data, and reports: the range check's line, whether ONNX Runtime loads the converted model at its
+default optimizations (in a child process: its CPU provider crashes on some float16 graphs), and
+the relative L2 error of the worst output with float16 storage emulated, against float32. Random
+weights (seed 0).
 """
 
 from __future__ import annotations
@@ -315,6 +318,7 @@ def export(out: Path, only: list[str]) -> None:
         axes = {n: _axes(n, "batch", "seq", "past", "past + seq") for n in names}
         shapes = {n: _axes(n, batch, seq, past, Dim.AUTO) for n in names}  # past + seq: export works it out
         ways = {f"op{opset}": dict(dynamic_axes=axes, opset_version=opset, dynamo=False) for opset in (14, 17)}
+        ways["op17functions"] = dict(ways["op17"], export_modules_as_functions=True)  # each module a local function
         ways["dynamo18"] = dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
         for way, kwargs in ways.items():
             try:

@@ -8,7 +8,7 @@ import onnx
 import onnx.parser
 
 from amp_rewrite import ConvertOptions, analyze, convert
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import instrument, samples
 from tests.helpers import rng
 
 # A block as a function (an exporter's export_modules_as_functions writes such), calling another,
@@ -73,3 +73,27 @@ def test_analyze_sees_the_inlined_bodies_without_editing_the_model() -> None:
     assert sorted(analysis.index.nodes[i].op_type for i in analysis.coloring.decisions) == \
         sorted(["MatMul"] * 3 + ["Exp", "Tanh"] * 2)
     assert any("inlined" in note for note in analysis.notes)
+
+
+def test_generated_inputs_follow_a_reshape_inside_a_function() -> None:
+    """The rules that size generated inputs read the bodies too: batch x 16 reshaped to a
+    constant [1, 4, 16] inside a function makes batch 4 (8, the default, does not run). ``check``
+    draws its inputs from the model as given, functions and all (no set ran on PyTorch's
+    BERT exported with each module a function)."""
+    m = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "local" : 1]>
+    agraph (float[batch,16] x) => (float[1,4,16] y) {
+        a = MatMul(x, w)
+        y = local.Fold(a)
+    }
+    <domain: "local", opset_import: ["" : 17]>
+    Fold (X) => (Y) {
+        shape = Constant<value = int64[3] {1, 4, 16}>()
+        Y = Reshape(X, shape)
+    }
+    """)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(rng(1).standard_normal((16, 16)).astype(np.float32), "w"))
+    text, data = next(samples.attempts(m))
+    assert text.startswith("batch=4 (from Reshape") and data[0]["x"].shape == (4, 16)
+    assert instrument.session(m).run(None, data[0])[0].shape == (1, 4, 16)
+    assert convert(m, provider=None)[1].range_check.startswith("measured")

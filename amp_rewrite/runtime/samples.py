@@ -25,7 +25,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir.functions import inlined
 from amp_rewrite.ir.graph import ModelIndex, Node, Value
+from amp_rewrite.ir.sizes import without_weights
 from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.runtime import input_dims, operands
 
@@ -142,10 +144,11 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
              for d, extent in zip(named[name], fixed) if isinstance(d, str)}
 
     failed: list[str] = []
+    structure = _without_functions(model)
 
     def implied_dims(guess: int) -> dict:
         try:
-            return input_dims.implied_dims(model, named, given, guess=guess)
+            return input_dims.implied_dims(structure, named, given, guess=guess)
         except Exception as exc:  # a rule's own failure: the plain extents are still worth trying
             failed.append(f"{IMPLIED_FAILED} ({type(exc).__name__}: {exc})")
             return given
@@ -163,7 +166,8 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
 
     dtypes = {name: _numpy_type(info.type.tensor_type.elem_type) for name, info in inputs.items()}
     # integer inputs may index, they and the scalars and vectors may steer an op (``operands``)
-    index = ModelIndex(model) if any(t.kind in "iub" or len(named[name]) <= 1 for name, t in dtypes.items()) else None
+    index = ModelIndex(structure) if any(t.kind in "iub" or len(named[name]) <= 1 for name, t in dtypes.items()) \
+        else None
     highs = integer_ranges(index) if index is not None else {}
     tried = set()
     for pins, size in plans():
@@ -184,6 +188,18 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                  for _ in range(count)]
         yield description, [{**sample, **steering} for sample in drawn]
+
+
+def _without_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or where it defines functions, a copy without its large weights' bytes and with
+    their calls inlined: what the dimension and operand rules read (the Reshape that binds a
+    dimension may sit in a function's body)."""
+    if not model.functions:
+        return model
+    try:
+        return inlined(without_weights(model))
+    except ValueError:  # the rules read what they can of the calls left whole
+        return model
 
 
 def _spelled_out(extents: Mapping[str, int], pins: Mapping[str, input_dims.Pin]) -> dict[str, int]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import onnx
-import onnx.inliner
+
+from amp_rewrite.ir.functions import inlined
 
 
 class InlineFunctions:
@@ -19,9 +20,7 @@ class InlineFunctions:
             return None
         count = len(model.functions)
         try:
-            inlined = onnx.inliner.inline_local_functions(model, convert_version=True)
-        except Exception as exc:  # ONNX's inliner refused it: the calls stay whole, as unknown ops
-            return f"the model's {count} local function(s) could not be inlined ({str(exc).splitlines()[0]}): " \
-                   "their calls stay float32"
-        model.CopyFrom(inlined)
+            model.CopyFrom(inlined(model))
+        except ValueError as exc:  # the calls stay whole, as unknown ops
+            return f"the model's {count} local function(s) could not be inlined ({exc}): their calls stay float32"
         return f"inlined the model's {count} local function(s), as ONNX Runtime does when it loads the model"
