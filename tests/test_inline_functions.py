@@ -9,6 +9,7 @@ import onnx.parser
 
 from amp_rewrite import ConvertOptions, analyze, convert
 from amp_rewrite.runtime import instrument, samples
+from tests.gradcheck import directional_check, with_loss
 from tests.helpers import rng
 
 # A block as a function (an exporter's export_modules_as_functions writes such), calling another,
@@ -97,3 +98,10 @@ def test_generated_inputs_follow_a_reshape_inside_a_function() -> None:
     assert text.startswith("batch=4 (from Reshape") and data[0]["x"].shape == (4, 16)
     assert instrument.session(m).run(None, data[0])[0].shape == (1, 4, 16)
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_a_model_with_functions_is_differentiated_through_their_bodies() -> None:
+    """``gradient_model`` inlines the calls (no rule exists for a model's own ops; it said "no
+    gradient rule for Block"): the gradients match central differences of the loss."""
+    feeds = {"x": rng(4).standard_normal((2, 8)).astype(np.float32)}
+    directional_check(with_loss(_model(), feeds), feeds, ["w1", "w2"])

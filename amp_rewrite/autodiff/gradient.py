@@ -14,6 +14,7 @@ from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
+from amp_rewrite.ir.functions import inlined
 from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey, names_read
 from amp_rewrite.ir.opsets import ensure_opset
 from amp_rewrite.ir.types import typed_index
@@ -49,7 +50,7 @@ def gradient_model(model, loss: str, wrt: Sequence[str] | None = None) -> onnx.M
 def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
     """:func:`gradient_model` on a ModelProto that may be edited in place (external data may
     stay on disk)."""
-    proto = ensure_opset(proto, MIN_OPSET)
+    proto = differentiable(proto)
     backprop = add_backward(proto, loss, wrt)
     graph = proto.graph
     taken = {o.name for o in graph.output} | backprop.builder.names.taken
@@ -73,6 +74,19 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
         graph.output.append(helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape)))
     graph.node.extend(b.nodes)
     return proto
+
+
+def differentiable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` at opset MIN_OPSET or later (an upgraded copy where it is older), with the calls
+    of its own functions inlined (a copy; rules are for ONNX's ops, and ONNX Runtime inlines
+    the functions anyway)."""
+    proto = ensure_opset(proto, MIN_OPSET)
+    if not proto.functions:
+        return proto
+    try:
+        return inlined(proto)
+    except ValueError as exc:
+        raise UserError(f"cannot inline the model's functions to differentiate it: {exc}") from None
 
 
 def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None,
@@ -116,7 +130,7 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
 def default_parameters(proto: onnx.ModelProto, loss: str) -> list[str]:
     """Every float initializer that the output ``loss`` depends on through a differentiable input
     (at the opset gradients are built at: rules decide which inputs are differentiable)."""
-    index = typed_index(ensure_opset(proto, MIN_OPSET))
+    index = typed_index(differentiable(proto))
     return [key[1] for key in _targets(index, Backward(index), (0, loss), None)]
 
 

@@ -20,10 +20,11 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from amp_rewrite.autodiff import gradient_proto  # autodiff: only for this command
+    from amp_rewrite.autodiff.gradient import differentiable, gradient_proto  # autodiff: only for this command
 
     io.check_output_path(args.input, args.output)
     proto, base_dir, _ = io.read_model(args.input)
+    proto = differentiable(proto)  # the forward counted as it is differentiated: its functions inlined
     nodes, outputs = len(proto.graph.node), len(proto.graph.output)
     result = gradient_proto(proto, args.loss, args.wrt)
     io.save(result, args.output, base_dir)

@@ -23,12 +23,11 @@ import onnx
 import onnx.external_data_helper
 from onnx import TensorProto, helper
 
-from amp_rewrite.autodiff import MIN_OPSET, add_backward
-from amp_rewrite.autodiff.gradient import default_parameters
+from amp_rewrite.autodiff import add_backward
+from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
-from amp_rewrite.ir.opsets import ensure_opset
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
@@ -123,7 +122,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
     original = onnx.ModelProto()
     original.CopyFrom(proto)
-    proto = ensure_opset(proto, MIN_OPSET)
+    proto = differentiable(proto)
     labels_name = None
     if loss in ("cross-entropy", "mse"):
         if output is None:
