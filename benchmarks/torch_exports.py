@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import glob
 import math
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, WIDTH, HEADS, LAYERS = 100, 64, 4, 2
 BATCH_ONLY = ("x", "t")
+HF_BATCH_ONLY = ("pixel_values", "input_features")
+"""Hugging Face inputs whose only dynamic dimension is the batch."""
 """Inputs whose only dynamic dimension is the batch (images, timesteps); the others have a sequence too."""
 
 
@@ -320,13 +324,126 @@ def export(out: Path, only: list[str]) -> None:
         ways = {f"op{opset}": dict(dynamic_axes=axes, opset_version=opset, dynamo=False) for opset in (14, 17)}
         ways["op17functions"] = dict(ways["op17"], export_modules_as_functions=True)  # each module a local function
         ways["dynamo18"] = dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
-        for way, kwargs in ways.items():
-            try:
-                torch.onnx.export(model, args, out / f"{name}_{way}.onnx", input_names=names, output_names=["out"],
-                                  **kwargs)
-            except Exception as exc:  # an exporter's limit, not amp-rewrite's: say so and go on
-                print(f"not exported: {name}_{way}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
-        print("exported", name, flush=True)
+        _export(torch, model, args, names, out, name,
+                {way: dict(kwargs, output_names=["out"]) for way, kwargs in ways.items()})
+
+
+def export_hf(out: Path, only: list[str]) -> None:
+    """Hugging Face transformers' own architectures, tiny (2 layers, width 64, vocabulary 100,
+    random weights), each through the TorchScript exporter at opset 17 and the dynamo exporter
+    at opset 18, as ``hf-<name>_<way>.onnx``: what its users export themselves."""
+    import torch
+    import transformers as tf
+    import transformers.masking_utils as masks
+    from torch.export import Dim
+
+    # Masks built without vmap, which the TorchScript exporter cannot trace (as with torch < 2.6)
+    masks.sdpa_mask = masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = masks.sdpa_mask_older_torch
+    _ByName = _by_name(torch.nn)
+    torch.manual_seed(0)
+    small = dict(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                 intermediate_size=2 * WIDTH, max_position_embeddings=128, use_cache=False)
+    decoder = dict(small, num_key_value_heads=2, pad_token_id=0, attn_implementation="eager")
+    seq2seq = dict(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                   encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=2 * WIDTH,
+                   decoder_ffn_dim=2 * WIDTH, max_position_embeddings=128, use_cache=False,
+                   pad_token_id=0, decoder_start_token_id=0)
+    vision = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=2 * WIDTH,
+                  image_size=32, patch_size=8, num_channels=3)
+    text, image = ["input_ids", "attention_mask"], ["pixel_values"]
+    ids = torch.randint(1, VOCAB, (2, 16))
+    pair = (ids, torch.ones(2, 16, dtype=torch.long))
+    pixels = (torch.randn(2, 3, 32, 32),)
+    builds = {
+        "bert": lambda: (tf.BertModel(tf.BertConfig(**small)), pair, text),
+        "roberta": lambda: (tf.RobertaModel(tf.RobertaConfig(**dict(small, pad_token_id=1))), pair, text),
+        "distilbert": lambda: (tf.DistilBertModel(tf.DistilBertConfig(
+            vocab_size=VOCAB, dim=WIDTH, n_layers=LAYERS, n_heads=HEADS, hidden_dim=2 * WIDTH)),
+            pair, text),
+        "albert": lambda: (tf.AlbertModel(tf.AlbertConfig(**dict(small, embedding_size=32))), pair, text),
+        "deberta": lambda: (tf.DebertaV2Model(tf.DebertaV2Config(**dict(small, relative_attention=True,
+                                                                       position_buckets=32))), pair, text),
+        "gpt2": lambda: (tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS,
+                                                          n_head=HEADS, n_positions=128,
+                                                          use_cache=False)), pair, text),
+        "llama": lambda: (tf.LlamaForCausalLM(tf.LlamaConfig(**decoder)), pair, text),
+        "mistral": lambda: (tf.MistralForCausalLM(tf.MistralConfig(**dict(decoder, sliding_window=8))), pair, text),
+        "qwen2": lambda: (tf.Qwen2ForCausalLM(tf.Qwen2Config(**decoder)), pair, text),
+        "gemma": lambda: (tf.GemmaForCausalLM(tf.GemmaConfig(**dict(decoder, head_dim=16))), pair, text),
+        "phi": lambda: (tf.PhiForCausalLM(tf.PhiConfig(**decoder)), pair, text),
+        "gptneox": lambda: (tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**small)), pair, text),
+        "falcon": lambda: (tf.FalconForCausalLM(tf.FalconConfig(**dict(small, num_kv_heads=HEADS))), pair, text),
+        "bloom": lambda: (tf.BloomForCausalLM(tf.BloomConfig(vocab_size=VOCAB, hidden_size=WIDTH, n_layer=LAYERS,
+                                                             n_head=HEADS, use_cache=False)),
+                          pair, text),
+        "t5": lambda: (tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=VOCAB, d_model=WIDTH, d_kv=16, d_ff=2 * WIDTH, num_layers=LAYERS, num_heads=HEADS,
+            use_cache=False, decoder_start_token_id=0)),
+            (*pair, ids[:, :8]), [*text, "decoder_input_ids"]),
+        "bart": lambda: (tf.BartForConditionalGeneration(tf.BartConfig(**seq2seq)), (*pair, ids[:, :8]),
+                         [*text, "decoder_input_ids"]),
+        "whisper": lambda: (tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+            **dict(seq2seq, num_mel_bins=16, max_source_positions=32, max_target_positions=64))),
+            (torch.randn(2, 16, 64), ids[:, :8]), ["input_features", "decoder_input_ids"]),
+        "vit": lambda: (tf.ViTModel(tf.ViTConfig(**vision)), pixels, image),
+        "clip": lambda: (tf.CLIPVisionModel(tf.CLIPVisionConfig(**vision)), pixels, image),
+        "swin": lambda: (tf.SwinModel(tf.SwinConfig(image_size=32, patch_size=2, embed_dim=16, depths=[2, 2],
+                                                    num_heads=[2, 4], window_size=4)),
+                         pixels, image),
+        "convnext": lambda: (tf.ConvNextModel(tf.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1])),
+                             pixels, image),
+        "resnet": lambda: (tf.ResNetModel(tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])),
+                           pixels, image),
+        "segformer": lambda: (tf.SegformerForSemanticSegmentation(tf.SegformerConfig(
+            hidden_sizes=[16, 32], depths=[1, 1], num_encoder_blocks=2, sr_ratios=[2, 1], num_attention_heads=[1, 2],
+            decoder_hidden_size=32, num_labels=3)), pixels, image),
+        "wav2vec2": lambda: (tf.Wav2Vec2Model(tf.Wav2Vec2Config(
+            hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=2 * WIDTH,
+            conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)), (torch.randn(2, 1600),), ["input_values"]),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, build in builds.items():
+        if only and name not in only:
+            continue
+        try:
+            model, args, names = build()
+        except Exception as exc:  # a configuration this transformers version does not take
+            print(f"not built: {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+            continue
+        model = _ByName(model, names).eval()  # the wrapper too: dynamo exports train-mode Dropout otherwise
+        batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=2, max=64)
+        axes = {n: {0: "batch"} if n in HF_BATCH_ONLY else {0: "batch", 1: "seq"} for n in names}
+        shapes = (tuple({0: batch} if n in HF_BATCH_ONLY else {0: batch, 1: seq if n in text else Dim.AUTO}
+                        for n in names),)  # the one argument of forward(*args)
+        _export(torch, model, args, names, out, f"hf-{name}",
+                {"op17": dict(dynamic_axes=axes, opset_version=17, dynamo=False),
+                 "dynamo18": dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)})
+
+
+def _by_name(nn):
+    class ByName(nn.Module):
+        """A model called with its inputs by name, in the order given (forward's own order puts
+        other arguments between them: GPT-2's second is past_key_values)."""
+
+        def __init__(self, model, names: list[str]):
+            super().__init__()
+            self.model, self.names = model, names
+
+        def forward(self, *args):
+            out = self.model(**dict(zip(self.names, args)))
+            return out.to_tuple() if hasattr(out, "to_tuple") else out
+    return ByName
+
+
+def _export(torch, model, args, names: list[str], out: Path, stem: str, ways: dict[str, dict]) -> None:
+    """``model`` exported each way as ``<stem>_<way>.onnx``; an exporter's failure is said and passed."""
+    for way, kwargs in ways.items():
+        try:
+            torch.onnx.export(model, args, out / f"{stem}_{way}.onnx", input_names=names, **kwargs)
+        except Exception as exc:  # an exporter's limit, not amp-rewrite's: say so and go on
+            print(f"not exported: {stem}_{way}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+    print("exported", stem, flush=True)
 
 
 def _axes(name: str, batch, seq, past, total) -> dict:
@@ -338,7 +455,7 @@ def _axes(name: str, batch, seq, past, total) -> dict:
     return {0: batch, 1: total if name == "attention_mask" else seq}
 
 
-def check(models: Path, only: list[str]) -> None:
+def check(models: Path, only: list[str], peers: bool) -> None:
     import numpy as np
     import onnx
 
@@ -363,9 +480,29 @@ def check(models: Path, only: list[str]) -> None:
             feeds["t"] = rng.integers(0, 1000, feeds["t"].shape).astype(np.float32)
         return feeds
 
+    def worst_error(converted, feeds: dict, wants: list) -> float:
+        gots = instrument.session(emulated(converted)).run(None, feeds)
+        return max(float(np.linalg.norm(got.astype(np.float32) - want) / max(float(np.linalg.norm(want)), 1e-30))
+                   for got, want in zip(gots, wants))
+
+    def peer(path: str, feeds: dict, wants: list) -> str:
+        """ONNX Runtime's float16 script's output: whether it loads, and its error."""
+        with tempfile.TemporaryDirectory() as folder:
+            target = str(Path(folder) / "peer.onnx")
+            done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_convert.py"), "ort", path, target],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                return f"fails: {(done.stderr.strip().splitlines() or ['?'])[-1][:80]} |"
+            converted = onnx.load(target)
+        try:
+            error = f"{worst_error(converted, feeds, wants):.1e}"
+        except Exception as exc:  # its output does not run
+            error = f"does not run: {str(exc).splitlines()[0][:80]}"
+        return f"{loads(converted)} | {error} |"
+
     print("| model | range check, generated inputs | low nodes | casts | loads at default optimizations "
-          "| rel L2, emulated float16 (worst output) |")
-    print("|---|---|---:|---:|---|---:|")
+          "| rel L2, emulated float16 (worst output) |" + (" ORT float16 script: loads | rel L2 |" if peers else ""))
+    print("|---|---|---:|---:|---|---:|" + ("---|---:|" if peers else ""))
     for path in sorted(glob.glob(str(models / "*.onnx"))):
         if only and Path(path).stem.rsplit("_", 1)[0] not in only:
             continue
@@ -376,11 +513,9 @@ def check(models: Path, only: list[str]) -> None:
             ((text, [realistic(data[0])]) for text, data in samples.attempts(model)),
             lambda data, session=reference: (data[0], session.run(None, data[0])))
         converted, fixed = convert(model, inputs=[feeds])
-        gots = instrument.session(emulated(converted)).run(None, feeds)
-        error = max(float(np.linalg.norm(got.astype(np.float32) - want) / max(float(np.linalg.norm(want)), 1e-30))
-                    for got, want in zip(gots, wants))
         print(f"| {Path(path).stem} | {report.range_check} | {fixed.low_nodes}/{fixed.nodes} | {fixed.casts_inserted} "
-              f"| {loads(converted)} (float32: {loads(model)}) | {error:.1e} |", flush=True)
+              f"| {loads(converted)} (float32: {loads(model)}) | {worst_error(converted, feeds, wants):.1e} |"
+              + (f" {peer(path, feeds, wants)}" if peers else ""), flush=True)
 
 
 def main() -> None:
@@ -392,8 +527,19 @@ def main() -> None:
                          default=ROOT / "benchmarks" / "work" / "torch_exports")
         sub.add_argument("--only", nargs="+", default=[], metavar="NAME",
                          help="these models alone (bert, t5, unet, ...; check: file stems' prefixes)")
+        if step == "check":
+            sub.add_argument("--peers", action="store_true",
+                             help="also convert each with ONNX Runtime's float16 script (keep_io_types) and check it")
+        if step == "export":
+            sub.add_argument("--hf", action="store_true",
+                             help="Hugging Face transformers' architectures instead (transformers installed)")
     args = parser.parse_args()
-    export(args.out, args.only) if args.step == "export" else check(args.models, args.only)
+    if args.step == "check":
+        check(args.models, args.only, args.peers)
+    elif args.hf:
+        export_hf(args.out, args.only)
+    else:
+        export(args.out, args.only)
 
 if __name__ == "__main__":
     main()
