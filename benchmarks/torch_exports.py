@@ -18,6 +18,7 @@ weights (seed 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import math
 import subprocess
@@ -326,6 +327,7 @@ def export(out: Path, only: list[str]) -> None:
         ways["dynamo18"] = dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
         _export(torch, model, args, names, out, name,
                 {way: dict(kwargs, output_names=["out"]) for way, kwargs in ways.items()})
+        print("exported", name, flush=True)
 
 
 def export_hf(out: Path, only: list[str]) -> None:
@@ -337,8 +339,18 @@ def export_hf(out: Path, only: list[str]) -> None:
     import transformers.masking_utils as masks
     from torch.export import Dim
 
-    # Masks built without vmap, which the TorchScript exporter cannot trace (as with torch < 2.6)
-    masks.sdpa_mask = masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"] = masks.sdpa_mask_older_torch
+    @contextlib.contextmanager
+    def vmap_free_masks():
+        """Masks built without vmap, which the TorchScript exporter cannot trace (as with torch < 2.6;
+        the dynamo exporter traces vmap, and failed on Whisper with the old masks)."""
+        table = masks.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+        kept = masks.sdpa_mask, table["sdpa"]
+        masks.sdpa_mask = table["sdpa"] = masks.sdpa_mask_older_torch
+        try:
+            yield
+        finally:
+            masks.sdpa_mask, table["sdpa"] = kept
+
     _ByName = _by_name(torch.nn)
     torch.manual_seed(0)
     small = dict(vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -416,9 +428,12 @@ def export_hf(out: Path, only: list[str]) -> None:
         axes = {n: {0: "batch"} if n in HF_BATCH_ONLY else {0: "batch", 1: "seq"} for n in names}
         shapes = (tuple({0: batch} if n in HF_BATCH_ONLY else {0: batch, 1: seq if n in text else Dim.AUTO}
                         for n in names),)  # the one argument of forward(*args)
+        with vmap_free_masks():
+            _export(torch, model, args, names, out, f"hf-{name}", {"op17": dict(dynamic_axes=axes, opset_version=17,
+                                                                                   dynamo=False)})
         _export(torch, model, args, names, out, f"hf-{name}",
-                {"op17": dict(dynamic_axes=axes, opset_version=17, dynamo=False),
-                 "dynamo18": dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)})
+                {"dynamo18": dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)})
+        print("exported", f"hf-{name}", flush=True)
 
 
 def _by_name(nn):
@@ -443,7 +458,6 @@ def _export(torch, model, args, names: list[str], out: Path, stem: str, ways: di
             torch.onnx.export(model, args, out / f"{stem}_{way}.onnx", input_names=names, **kwargs)
         except Exception as exc:  # an exporter's limit, not amp-rewrite's: say so and go on
             print(f"not exported: {stem}_{way}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
-    print("exported", stem, flush=True)
 
 
 def _axes(name: str, batch, seq, past, total) -> dict:
