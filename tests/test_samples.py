@@ -1328,18 +1328,34 @@ def test_a_multiple_that_a_capped_name_cannot_give_goes_to_another_name() -> Non
 
 @pytest.mark.parametrize("mask", ["past + seq", "past_sequence_length + 1"])
 def test_a_dimension_named_for_a_sum_of_other_dimensions_is_that_sum(mask: str) -> None:
-    """Rule: exporters name a key/value cache's mask dimension after what it holds
-    (``past + seq``, Optimum's ``past_sequence_length + 1``): the generated mask is that long,
-    and the model, which adds the mask to the cache and the new entries concatenated, runs at
-    the default extents (it ran only with every name 1, a mask that broadcasts)."""
+    """Rule: exporters name a key/value cache's mask dimension after what it holds (``past +
+    seq``, Optimum's ``past_sequence_length + 1``): the generated mask is that long, even where
+    nothing in the graph ties it to the cache (here it is only summed)."""
     past = "past" if mask == "past + seq" else "past_sequence_length"
-    m = model(f"""(float[batch, {past}] cache, float[batch, seq] x, float[batch, total] mask) => (float[batch, ?] y) {{
-        keys = Concat<axis=1>(cache, x)
-        y = Add(keys, mask)
+    m = model(f"""(float[batch, {past}] cache, float[batch, seq] x, float[batch, total] mask)
+                  => (float[batch, ?] y, float n) {{
+        y = Concat<axis=1>(cache, x)
+        n = ReduceSum<keepdims=0>(mask)
     }}""")
     m.graph.input[2].type.tensor_type.shape.dim[1].dim_param = mask
-    text, dims = _dims(m)[0 if mask == "past + seq" else 1]
-    width = dims["cache"][1] + dims["x"][1]
-    assert dims["mask"] == (dims["x"][0], width) and f"{mask}={width} (as its name says)" in text
-    assert width == (16 if mask == "past + seq" else 2)
-    assert convert(m, provider=None)[1].range_check.startswith("measured")
+    text, dims = _dims(m)[0]
+    extent = dims["cache"][1] + (dims["x"][1] if mask == "past + seq" else 1)
+    assert dims["mask"] == (8, extent) == (8, 16 if mask == "past + seq" else 9)
+    assert f"{mask}={extent} (as its name says)" in text
+
+
+def test_a_dimension_broadcast_with_a_concatenation_is_its_sum() -> None:
+    """Rule: a mask[batch, total] added to what Concat(cache[batch, past], x[batch, seq]) gives,
+    through a Transpose, is past + seq long (a dynamo export names it ``s53``): the model runs at
+    the default extents (it ran only with every name 1, a mask that broadcasts)."""
+    m = model("""(float[batch, past] cache, float[batch, seq] x, float[batch, total] mask) => (float[?, batch] y) {
+        keys = Concat<axis=1>(cache, x)
+        swapped = Transpose<perm=[1, 0]>(keys)
+        flipped = Transpose<perm=[1, 0]>(mask)
+        y = Add(swapped, flipped)
+    }""")
+    text, dims = _dims(m)[0]
+    assert dims["mask"] == (8, 16) and "total=16 (from the sum past + seq it is broadcast with)" in text
+    assert run(m, **{k: np.ones(v, np.float32) for k, v in dims.items()})[0].shape == (16, 8)
+    report = convert(m, provider=None)[1]
+    assert report.range_check.startswith("measured") and "total=16" in " ".join(report.notes)

@@ -53,8 +53,11 @@ default is more.
 Each binding names the node or value that implied it; the first one found wins. When names
 are still unbound after that, the rules run again guessing. First, names broadcast together
 with no fixed extent among them are taken as equal (the fresh name inference gave their
-result stands for the first; one bound binds the others), and what follows from that (the
-least extents below) is learnt before any count is split. Then a count that several names
+result stands for the first; one bound binds the others; an input name broadcast together
+with one Concat's sum of other input names is that sum, whatever extents they take: a
+mask[batch, total] against attention scores over Concat(past keys, new keys), with shapes
+followed through Transposes), and what follows from that (the least extents below) is learnt
+before any count is split. Then a count that several names
 share goes to the last of them that appears once (the one that needs most, below), the others
 1 (marked "guessed"; a second guess, ``guess=2``, gives them 2 where the count allows it;
 where that breaks another count of the same names, a lone other name takes the first extent
@@ -154,6 +157,9 @@ class Pin:
 
     extent: int
     origin: str
+    sum_of: tuple[str, ...] = ()
+    """Where not empty, the name is these names' sum, whatever extents they take (``extent`` is 0):
+    a mask's length that broadcasting ties to a Concat of cached and new keys."""
 
     @property
     def guessed(self) -> bool:
@@ -206,6 +212,9 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
         _apply(rules, declared)
     if rules.settle():  # a binding moved: the counts it left a name may solve now
         _apply(rules, declared)
+    for name, terms in rules.sums_broadcast_with().items():  # a sum of others, whatever extents they take
+        if name not in pins:
+            pins[name] = Pin(0, f"the sum {' + '.join(terms)} it is broadcast with", sum_of=terms)
     for name in names - set(pins):  # what the readers of a name that nothing bound need at least, or allow at most
         if rules.least.get(name, 1) > 1:
             pins[name] = Pin(rules.least[name], rules.least_origin[name] + AT_LEAST)
@@ -274,6 +283,9 @@ class _Rules:
         meets is a total of them."""
         self.totals: set[tuple[tuple[Dim, ...], int]] = set()
         """Every total that a sum met, which a guess must keep too."""
+        self.together: dict[str, str] = {}
+        """Names broadcast together with no fixed extent among them, while guessing: each name's
+        link toward the one that stands for its group (``group``)."""
         self.divisible: set[tuple[tuple[Dim, ...], int]] = set()
         """Counts that a Reshape with -1 needs to be multiples of its fixed extents' product,
         which a guess must keep too (x[batch, batch, seq] to [-1, 9] beside x[0:1] to [2, 3]:
@@ -419,6 +431,10 @@ class _Rules:
                     elif isinstance(d, Sym):
                         self.pin(d, extent, origin)
             elif broadcast and self.equal_broadcasts and not fixed:  # names broadcast together are taken as equal:
+                plain = [d.name for d in extents if isinstance(d, Sym) and d == Sym(d.name)]
+                for a, b in zip(plain, plain[1:]):
+                    if self.group(a) != self.group(b):
+                        self.together[self.group(a)] = self.group(b)
                 bound = {e for d, e in zip(column, extents) if isinstance(d, Sym) and d.name in self.pins}
                 if len(bound) == 1:  # one bound to 1 (x[3] beside y[3] = 1) binds the others to 1
                     for d in extents:
@@ -467,6 +483,31 @@ class _Rules:
         if chosen is not None:
             at, last, extent = chosen
             self.split([Sym(name) for name in (*at, last)], extent, origin, last_guessed=True, others=at)
+
+    def group(self, name: str) -> str:
+        """The name that stands for ``name``'s group of names broadcast together (``together``)."""
+        while name in self.together:
+            name = self.together[name]
+        return name
+
+    def sums_broadcast_with(self) -> dict[str, tuple[str, ...]]:
+        """For each input name broadcast together with one sum of input names and nothing else
+        that binds it (a mask[batch, total] against attention scores over cached and new keys,
+        Concat(past, seq)): the names it is the sum of."""
+        groups: dict[str, list[str]] = {}
+        for name in {*self.together, *self.together.values()}:
+            groups.setdefault(self.group(name), []).append(name)
+        found = {}
+        for members in groups.values():
+            totals = [self.sums[m] for m in members if m in self.sums]
+            inputs = [m for m in members if m in self.names]
+            if len(totals) != 1 or len(inputs) != 1:
+                continue
+            terms = totals[0]
+            if all(isinstance(t, Sym) and t == Sym(t.name) and t.name in self.names and t.name != inputs[0]
+                   for t in terms):
+                found[inputs[0]] = tuple(t.name for t in terms)
+        return found
 
     def sum_of(self, dims: Sequence[Dim]) -> Dim:
         """``dims`` added up: one dimension where they name at most one name (``_sum``), else a
@@ -957,6 +998,17 @@ def _pad(rules: _Rules, node: Node) -> None:
     rules.derive(node.outputs[0], dims)
 
 
+def _transpose(rules: _Rules, node: Node) -> None:
+    """The output has the input's dimensions, permuted (reversed without ``perm``): the sum that a
+    Concat of cached and new keys gives reaches the attention scores' MatMul through one."""
+    data = rules.shape(node.inputs[0]) if node.inputs else None
+    if data is None:
+        return
+    perm = next((list(a.ints) for a in node.proto.attribute if a.name == "perm"), None) or range(len(data))[::-1]
+    if sorted(perm) == list(range(len(data))):
+        rules.derive(node.outputs[0], [data[axis] for axis in perm])
+
+
 def _if(rules: _Rules, node: Node) -> None:
     """An output has the dimensions that both branches give it (inference merges only names
     that are the same: a Pad by one in one branch and a Concat of one row in the other are
@@ -1294,7 +1346,7 @@ _NODE_RULES: dict[str, Callable[[_Rules, Node], None]] = {
     "Reshape": _reshape, "Expand": _broadcast, "Concat": _concat, "MatMul": _matmul, "Gemm": _gemm, "Pad": _pad,
     "Slice": _slice, "Gather": _gather, "Loop": _loop, "Flatten": _flatten, "Conv": _window, "MaxPool": _window,
     "AveragePool": _window, "LpPool": _window, "Split": _split, "Tile": _tile, "If": _if, "Resize": _resize,
-    "Upsample": _resize, "Range": _range}
+    "Upsample": _resize, "Range": _range, "Transpose": _transpose}
 
 
 def _undeclared(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]]) -> onnx.ModelProto:

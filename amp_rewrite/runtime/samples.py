@@ -180,9 +180,10 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
             continue
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
-        description = "; ".join(filter(None, [", ".join(f"{d}={extent}" + (" (as its name says)" if d in spelled else
-                                                                          _origin(pins.get(d), extent))
-                                                    for d, extent in extents.items()), *failed[:1]]))
+        said = {d: " (as its name says)" if d in spelled and d not in pins else _origin(pins.get(d), extent)
+                for d, extent in extents.items()}
+        description = "; ".join(filter(None, [", ".join(f"{d}={extent}{said[d]}" for d, extent in extents.items()),
+                                              *failed[:1]]))
         steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
         # every input drawn, so that each keeps the draws it had before steering inputs were made
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
@@ -203,12 +204,18 @@ def _without_functions(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _spelled_out(extents: Mapping[str, int], pins: Mapping[str, input_dims.Pin]) -> dict[str, int]:
-    """The extents of the dimensions whose names spell out arithmetic on other dimensions' names,
-    as exporters name a key/value cache's mask (``past_sequence_length + 1``, ``past + seq``):
-    unless something bound them, computed from the others' extents (where that is at least 1)."""
+    """The extents of the dimensions that are sums of others: where the graph says so
+    (``Pin.sum_of``), or where their names spell out arithmetic on other dimensions' names, as
+    exporters name a key/value cache's mask (``past_sequence_length + 1``, ``past + seq``) and
+    nothing bound them; computed from the others' extents (where that is at least 1)."""
     spelled = {}
     for name in extents:
-        if name in pins:
+        pin = pins.get(name)
+        if pin is not None and pin.sum_of:
+            if all(term in extents for term in pin.sum_of):
+                spelled[name] = sum(extents[term] for term in pin.sum_of)
+            continue
+        if pin is not None:
             continue
         try:
             tree = ast.parse(name, mode="eval").body
@@ -241,7 +248,7 @@ def _arithmetic(tree: ast.expr, extents: Mapping[str, int]) -> int | None:
 def _extent(pin: input_dims.Pin | None, default: int) -> int:
     """A name's extent: what bound it, else the default, raised to the least its readers need or
     lowered to the most they allow."""
-    if pin is None:
+    if pin is None or pin.sum_of:  # a sum's extent comes once its terms have theirs (``_spelled_out``)
         return default
     return max(pin.extent, default) if pin.floor else min(pin.extent, default) if pin.ceiling else pin.extent
 
