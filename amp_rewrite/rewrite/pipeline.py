@@ -1,5 +1,6 @@
-"""The numbered pipeline: the model's own functions are inlined, analysis passes color it, then ``InsertCasts`` edits it
-and ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion from breaking the result.
+"""The numbered pipeline: the model's own functions are inlined, analysis passes color it,
+then ``InsertCasts`` edits it and ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion
+from breaking the result.
 
 0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. ChooseMinCasts  9. InsertCasts

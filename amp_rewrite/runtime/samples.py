@@ -37,6 +37,8 @@ T = TypeVar("T")
 NAMED_DIM = 8
 """Extent given to a named (symbolic) dimension that neither ``shapes`` nor the graph fixes."""
 UNNAMED_DIM = 1
+MOST_SPELLED = 1 << 16
+"""The largest extent a dimension's name may spell out (``batch * 1000000`` is taken as a name)."""
 FALLBACK_DIMS = (1, 2, 4)
 """Extents tried in turn for the free dimensions when a model does not run on the defaults."""
 IMPLIED_FAILED = "the extents the graph implies could not be read"
@@ -219,11 +221,11 @@ def _spelled_out(extents: Mapping[str, int], pins: Mapping[str, input_dims.Pin])
             continue
         try:
             tree = ast.parse(name, mode="eval").body
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError):  # not an expression: a name like any other
             continue
         if isinstance(tree, ast.BinOp):
             value = _arithmetic(tree, {d: e for d, e in extents.items() if d != name})
-            if value is not None and value >= 1:
+            if value is not None and 1 <= value <= MOST_SPELLED:
                 spelled[name] = value
     return spelled
 
