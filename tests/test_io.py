@@ -115,3 +115,33 @@ def test_fields_this_protobuf_does_not_know_are_kept(tmp_path: Path) -> None:
     model.ParseFromString(builders.mlp().SerializeToString() + b"\xf8\x07\x05")  # field 127, varint 5
     io.save(model, tmp_path / "m.onnx", None)
     assert (tmp_path / "m.onnx").read_bytes() == model.SerializeToString()
+
+
+def test_tensors_are_judged_without_a_float64_pass_where_a_bound_decides() -> None:
+    """judge_tensors: what flushes is measured exactly; the norm is computed only where the
+    largest value alone cannot bound the share below the threshold (a random weight matrix with a
+    few values near zero: 2 s of a GPT-2 small's conversion went to float64 squares of every
+    weight). Each tensor's verdict is the exact one, batched or not, and the input stays as it is."""
+    from amp_rewrite.ir.tensors import judge_fit, judge_tensors
+
+    precision, share = Precision("float16"), 0.01
+    weights = np.random.default_rng(0).normal(0, 0.02, 4096).astype(np.float32)
+    weights[[5, 900]] = [1e-9, -3e-8]  # flush, but carry nothing
+    epsilon = np.full(8, 1e-12, np.float32)  # all of it flushes
+    mixed = np.array([1.0, 0.0, 1e-9, 2.0], np.float32)  # flushes, nonzero share below 1%
+    edge = np.array([1e-8] * 400 + [1e-6], np.float32)  # the bound cannot decide: the exact norm does
+    arrays = [weights, epsilon, mixed, np.zeros(3, np.float32), edge, np.array([7e4], np.float32)]
+    tensors = [numpy_helper.from_array(a, f"t{i}") for i, a in enumerate(arrays)]
+    before = [t.SerializeToString() for t in tensors]
+    fits = list(judge_tensors(tensors, None, precision, share))
+    assert [t.SerializeToString() for t in tensors] == before
+    assert [f.problem is not None for f in fits] == [False, True, False, False, True, True]
+    assert [f.lost_share > 0 for f in fits] == [True, True, True, False, True, False]
+    exact = [np.sqrt(np.sum(np.where(np.abs(a) < precision.flush_below, a.astype(np.float64) ** 2, 0))
+                     / max(np.sum(a.astype(np.float64) ** 2), 1e-300)) for a in arrays]
+    for fit, want, array in zip(fits, exact, arrays):
+        assert judge_fit(array, precision, share) == fit  # alone as in a batch
+        if fit.problem is not None or want == 0:
+            assert fit.lost_share == pytest.approx(want, rel=1e-9)
+        else:  # an upper bound, far below the threshold
+            assert want <= fit.lost_share <= share / 10

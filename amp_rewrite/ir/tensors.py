@@ -59,6 +59,9 @@ class Fit:
 
     max_abs: float
     lost_share: float
+    """The share of the L2 norm in nonzero values that flush to zero; where it is certainly below
+    a tenth of the threshold, an upper bound (what flushes over the largest value): nonzero
+    exactly when something flushes."""
     problem: str | None
 
 
@@ -67,6 +70,9 @@ def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -
     return _judge_flat(np.array(array, dtype=np.float32).reshape(-1), [array.size], precision, underflow_share)[0]
 
 
+BOUND_MARGIN = 0.1
+"""Where what flushes is below this share of the threshold against the largest value alone, the
+exact norm (a float64 pass over the tensor) is not computed."""
 BATCH_ELEMENTS = 1 << 20
 """Small tensors are judged together, in batches of about this many elements."""
 
@@ -88,10 +94,16 @@ def judge_tensors(tensors: Iterable[onnx.TensorProto], base_dir: str | os.PathLi
         sizes.append(data.size)
         count += sizes[-1]
         if count >= BATCH_ELEMENTS:
-            yield from _judge_flat(np.concatenate(chunks), sizes, precision, underflow_share)
+            yield from _judge_flat(_joined(chunks), sizes, precision, underflow_share)
             chunks, sizes, count = [], [], 0
     if chunks:
-        yield from _judge_flat(np.concatenate(chunks), sizes, precision, underflow_share)
+        yield from _judge_flat(_joined(chunks), sizes, precision, underflow_share)
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    """The chunks end to end: a large tensor alone is not copied (``_judge_flat`` copies it as it
+    takes absolute values)."""
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
 def float32_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None) -> np.ndarray:
@@ -104,22 +116,29 @@ def float32_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None)
 
 
 def _judge_flat(flat: np.ndarray, sizes: list[int], precision: Precision, underflow_share: float) -> list[Fit]:
-    """Judge the tensors of ``sizes`` elements laid end to end in ``flat`` (which is overwritten)."""
+    """Judge the tensors of ``sizes`` elements laid end to end in ``flat`` (overwritten where it
+    is writable)."""
     if not flat.size:
         return [Fit(0.0, 0.0, None) for _ in sizes]
-    np.abs(flat, out=flat)
+    flat = np.abs(flat, out=flat if flat.flags.writeable else None)
     starts = np.concatenate([[0], np.cumsum([n for n in sizes if n])[:-1]])
+    ends = np.append(starts[1:], len(flat))
     maxima = np.maximum.reduceat(flat, starts)
     if not np.isfinite(maxima).all():  # a NaN or inf in some tensor: stays so in any float type; judge the rest
         flat[~np.isfinite(flat)] = 0
         maxima = np.maximum.reduceat(flat, starts)
     lost = np.zeros(len(starts))
     tiny = np.flatnonzero((flat < precision.flush_below) & (flat > 0))
-    # Squares in float64 only for the tensors where something can flush to zero.
-    for segment in np.unique(np.searchsorted(starts, tiny, side="right") - 1).tolist():
-        part = flat[starts[segment]:starts[segment + 1] if segment + 1 < len(starts) else len(flat)]
-        squares = np.square(part, dtype=np.float64)
-        flushed = np.add.reduceat(np.where(part < precision.flush_below, squares, 0.0), [0])[0]
+    segments, firsts = np.unique(np.searchsorted(starts, tiny, side="right") - 1, return_index=True)
+    for segment, first, last in zip(segments.tolist(), firsts.tolist(), [*firsts[1:].tolist(), len(tiny)]):
+        flushed = float(np.square(flat[tiny[first:last]], dtype=np.float64).sum())
+        largest = float(maxima[segment])
+        if flushed <= (underflow_share * BOUND_MARGIN * largest) ** 2:
+            # the norm is at least the largest value: the share is far below the threshold, and only
+            # its being nonzero counts (a random weight matrix has a few values near zero)
+            lost[segment] = np.sqrt(flushed) / largest
+            continue
+        squares = np.square(flat[starts[segment]:ends[segment]], dtype=np.float64)  # the exact norm
         lost[segment] = np.sqrt(flushed / max(np.add.reduceat(squares, [0])[0], np.finfo(np.float64).tiny))
     judged = iter(zip(maxima.astype(np.float64).tolist(), lost.tolist()))
     fits = []
