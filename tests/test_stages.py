@@ -25,12 +25,16 @@ def _staged(m: onnx.ModelProto, keys, data) -> dict:
     return stages.measure(lifted.model, top, lifted.stats, data, THRESHOLD, None, lambda text: None)
 
 
+@pytest.mark.parametrize("handed", [stages.HANDED_BYTES, 0], ids=["large-weights-handed", "every-float-weight-handed"])
 @pytest.mark.parametrize("stage_nodes", [1, 7, 10_000])
 @pytest.mark.parametrize("build", [lambda: transformer(blocks=2, with_mask=True), control_flow],
                          ids=["transformer", "control_flow"])
-def test_staged_statistics_equal_one_session_exposing_everything(build, stage_nodes, monkeypatch) -> None:
+def test_staged_statistics_equal_one_session_exposing_everything(build, stage_nodes, handed, monkeypatch) -> None:
+    """Also where the stages' sessions get every float weight as an array beside a placeholder,
+    not in the serialized stage."""
     m = build()
     monkeypatch.setattr(stages, "STAGE_NODES", stage_nodes)
+    monkeypatch.setattr(stages, "HANDED_BYTES", handed)
     keys = instrument.float_values(m)
     data = samples.generate(m, 2, seed=3)
     staged = _staged(m, keys, data)
@@ -96,7 +100,8 @@ def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
     for stage in plan:
         held.append(sorted(values))
         types = {name: stages._type_of(values[name]) for name in stage.reads}
-        runs.run(instrument.session(stages._stage_model(m, runs.head, stage, types, runs.weights)), stage, values)
+        stage_model = stages._stage_model(m, runs.head, stage, types, runs.weights, runs.handed)
+        runs.run(instrument.session(stage_model, initializers=runs.handed_to(stage)), stage, values)
     assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and values == {}
     assert set(runs.measured) == set(keys.values())
 

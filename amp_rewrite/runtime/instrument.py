@@ -308,7 +308,8 @@ OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "
 def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None = None,
             provider: str = "CPUExecutionProvider", optimize: str = "none", reuse_memory: bool = True,
             arena: bool = True, threads: int = 0, provider_options: Mapping[str, str] | None = None,
-            profile_prefix: str | None = None, save_optimized: str | os.PathLike | None = None):
+            profile_prefix: str | None = None, save_optimized: str | os.PathLike | None = None,
+            initializers: Mapping[str, np.ndarray] | None = None):
     """An ONNX Runtime session for ``model`` (or its serialized form) on ``provider`` (a clear
     error when it is not there or does not start); external data is read from ``base_dir``.
     ``optimize`` is a key of OPTIMIZATION (the graph rewrites ONNX Runtime may do).
@@ -319,7 +320,9 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     benchmark transformer's stages ran in 0.4 s instead of 0.9-1.4 s.
     ``threads``: the size of ONNX Runtime's intra-op thread pool (0: its default, one per core).
     ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
-    ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it)."""
+    ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it).
+    ``initializers``: arrays that replace the model's initializers of those names, which must
+    be external data there (ONNX Runtime copies them in before it would read the files)."""
     import onnxruntime as ort
 
     require_provider(provider)
@@ -337,6 +340,9 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     if base_dir:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                          os.fspath(base_dir))
+    if initializers:
+        options.add_external_initializers(list(initializers),
+                                          [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers.values()])
     serialized = model if isinstance(model, bytes) else model.SerializeToString()
     created = ort.InferenceSession(serialized, options, providers=[provider],
                                    provider_options=[dict(provider_options or {})])
