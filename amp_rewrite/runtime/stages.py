@@ -145,7 +145,7 @@ class _Runs:
         self.model, self.stages, self.top, self.stats, self.thresholds = model, stages, top, stats, thresholds
         self.weights = {t.name: t for t in model.graph.initializer}
         self.handed = {t.name for t in model.graph.initializer if t.data_type in HANDED_TYPES
-                       and t.HasField("raw_data") and t.ByteSize() >= HANDED_BYTES
+                       and t.HasField("raw_data") and _nbytes(t) >= HANDED_BYTES  # ByteSize copies raw_data
                        and t.data_location != onnx.TensorProto.EXTERNAL}
         """Weights that sessions get as arrays (``handed_to``), not in the serialized stage."""
         self.arrays: dict[str, np.ndarray] = {}
@@ -225,10 +225,14 @@ def _placeholder(tensor: onnx.TensorProto) -> onnx.TensorProto:
     with the array the session is given before it would read the file)."""
     placeholder = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims,
                                    data_location=onnx.TensorProto.EXTERNAL)
-    length = math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    for key, value in (("location", "handed-to-the-session"), ("offset", "0"), ("length", str(length))):
+    for key, value in (("location", "handed-to-the-session"), ("offset", "0"), ("length", str(_nbytes(tensor)))):
         placeholder.external_data.add(key=key, value=value)
     return placeholder
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of a tensor's values, from its shape and type (reading raw_data copies it)."""
+    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 _GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
