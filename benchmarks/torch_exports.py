@@ -330,10 +330,11 @@ def export(out: Path, only: list[str]) -> None:
         print("exported", name, flush=True)
 
 
-def export_hf(out: Path, only: list[str]) -> None:
+def export_hf(out: Path, only: list[str], full_size: bool = False) -> None:
     """Hugging Face transformers' own architectures, tiny (2 layers, width 64, vocabulary 100,
     random weights), each through the TorchScript exporter at opset 17 and the dynamo exporter
-    at opset 18, as ``hf-<name>_<way>.onnx``: what its users export themselves."""
+    at opset 18, as ``hf-<name>_<way>.onnx``: what its users export themselves. ``full_size``:
+    BERT-base and GPT-2 small with their default configurations instead (TorchScript only)."""
     import torch
     import transformers as tf
     import transformers.masking_utils as masks
@@ -366,7 +367,9 @@ def export_hf(out: Path, only: list[str]) -> None:
     ids = torch.randint(1, VOCAB, (2, 16))
     pair = (ids, torch.ones(2, 16, dtype=torch.long))
     pixels = (torch.randn(2, 3, 32, 32),)
-    builds = {
+    full = {"bert-base": lambda: (tf.BertModel(tf.BertConfig()), pair, text),
+            "gpt2-small": lambda: (tf.GPT2LMHeadModel(tf.GPT2Config(use_cache=False)), pair, text)}
+    builds = full if full_size else {
         "bert": lambda: (tf.BertModel(tf.BertConfig(**small)), pair, text),
         "roberta": lambda: (tf.RobertaModel(tf.RobertaConfig(**dict(small, pad_token_id=1))), pair, text),
         "distilbert": lambda: (tf.DistilBertModel(tf.DistilBertConfig(
@@ -431,8 +434,9 @@ def export_hf(out: Path, only: list[str]) -> None:
         with vmap_free_masks():
             _export(torch, model, args, names, out, f"hf-{name}", {"op17": dict(dynamic_axes=axes, opset_version=17,
                                                                                    dynamo=False)})
-        _export(torch, model, args, names, out, f"hf-{name}",
-                {"dynamo18": dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)})
+        if not full_size:
+            _export(torch, model, args, names, out, f"hf-{name}",
+                    {"dynamo18": dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)})
         print("exported", f"hf-{name}", flush=True)
 
 
@@ -532,10 +536,29 @@ def check(models: Path, only: list[str], peers: bool) -> None:
               + (f" {peer(path, feeds, wants)}" if peers else ""), flush=True)
 
 
+def time_tools(models: Path, only: list[str]) -> None:
+    """Each converter of ``make bench`` on each model, as ``make bench`` times it (one run; peak
+    PSS from a run of its own): for exports at their real size (BERT-base, GPT-2 small)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import TOOLS, measure
+
+    print("| model | MiB | tool | seconds | peak RSS MiB | peak PSS MiB | note |")
+    print("|---|---:|---|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for path in sorted(glob.glob(str(models / "*.onnx"))):
+            if only and Path(path).stem.rsplit("_", 1)[0] not in only:
+                continue
+            for tool, command in TOOLS.items():
+                output = str(Path(folder) / "out.onnx")
+                run = measure([*command, path, *(["-o", output] if tool.startswith("amp") else [output])], 900)
+                print(f"| {Path(path).stem} | {Path(path).stat().st_size / 2**20:.0f} | {tool} | {run.seconds:.2f} | "
+                      f"{run.peak_bytes / 2**20:.0f} | {run.pss_bytes / 2**20:.0f} | {run.error} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
-    for step in ("export", "check"):
+    for step in ("export", "check", "time"):
         sub = steps.add_parser(step)
         sub.add_argument("--out" if step == "export" else "--models", type=Path,
                          default=ROOT / "benchmarks" / "work" / "torch_exports")
@@ -547,11 +570,15 @@ def main() -> None:
         if step == "export":
             sub.add_argument("--hf", action="store_true",
                              help="Hugging Face transformers' architectures instead (transformers installed)")
+            sub.add_argument("--full-size", action="store_true",
+                             help="with --hf: BERT-base and GPT-2 small at their real sizes, for `time`")
     args = parser.parse_args()
     if args.step == "check":
         check(args.models, args.only, args.peers)
+    elif args.step == "time":
+        time_tools(args.models, args.only)
     elif args.hf:
-        export_hf(args.out, args.only)
+        export_hf(args.out, args.only, args.full_size)
     else:
         export(args.out, args.only)
 

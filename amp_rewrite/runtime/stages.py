@@ -148,18 +148,15 @@ class _Runs:
                        and t.HasField("raw_data") and _nbytes(t) >= HANDED_BYTES  # ByteSize copies raw_data
                        and t.data_location != onnx.TensorProto.EXTERNAL}
         """Weights that sessions get as arrays (``handed_to``), not in the serialized stage."""
-        self.arrays: dict[str, np.ndarray] = {}
         self.head = _model_head(model)
         self.measured: dict[ValueKey, ValueStats] = {}
 
     def handed_to(self, stage: Stage) -> dict[str, np.ndarray]:
-        """The large weights ``stage`` reads, as arrays over their bytes (read once per measurement)."""
-        for name in stage.weights:
-            if name in self.handed and name not in self.arrays:
-                tensor = self.weights[name]
-                self.arrays[name] = np.frombuffer(tensor.raw_data, dtype=helper.tensor_dtype_to_np_dtype(
-                    tensor.data_type)).reshape(tuple(tensor.dims))
-        return {name: self.arrays[name] for name in stage.weights if name in self.handed}
+        """The large weights ``stage`` reads, as arrays over copies of their bytes: for its session
+        to copy in, then dropped (one stage's weights held twice at most, not every stage's)."""
+        return {name: np.frombuffer(self.weights[name].raw_data, dtype=helper.tensor_dtype_to_np_dtype(
+                    self.weights[name].data_type)).reshape(tuple(self.weights[name].dims))
+                for name in stage.weights if name in self.handed}
 
     def where(self, number: int) -> str:
         stage = self.stages[number]
