@@ -145,3 +145,30 @@ def test_tensors_are_judged_without_a_float64_pass_where_a_bound_decides() -> No
             assert fit.lost_share == pytest.approx(want, rel=1e-9)
         else:  # an upper bound, far below the threshold
             assert want <= fit.lost_share <= share / 10
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["embedded", "external-data"])
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_large_file_is_loaded_tensor_by_tensor_as_onnx_loads_it(name: str, external: bool, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """io.load parses a large file's initializers one at a time (two thirds of the memory of
+    onnx.load on a GPT-2 small): the same model, byte for byte, subgraphs and external data
+    references too."""
+    path = tmp_path / "m.onnx"
+    model = _model(SAMPLES[name])
+    if external:
+        builders.save_with_external_data(model, path)
+    else:
+        onnx.save(model, path)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    assert io.load(path).SerializeToString() == onnx.load(path, load_external_data=False).SerializeToString()
+
+
+def test_a_truncated_large_file_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "m.onnx"
+    data = builders.transformer(blocks=1).SerializeToString()
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    for cut in (len(data) // 2, len(data) - 3):
+        path.write_bytes(data[:cut])
+        with pytest.raises(UserError, match="not a readable ONNX model"):
+            io.load(path)

@@ -35,13 +35,97 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
     if path.is_dir():
         raise UserError(f"input is a directory, not an ONNX file: {path}")
     try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
+        if path.stat().st_size >= STREAMED_LOAD_BYTES:
+            model = _load_streamed(path)
+        else:
+            model = onnx.load(os.fspath(path), load_external_data=False)
     except (google.protobuf.message.DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
     _check_external_files(model, path.parent)
     return model
+
+
+STREAMED_LOAD_BYTES = 64 << 20
+"""Files of at least this size are parsed tensor by tensor (``_load_streamed``): ``onnx.load``
+holds the file's bytes and the parsed model at once, twice the model (a GPT-2 small's 622 MiB
+took 1,282 MiB to load, 824 streamed, in 0.58 s instead of 0.95; the 73 MB 50k-node benchmark
+transformer 0.16 s instead of 0.19)."""
+
+
+def _load_streamed(path: Path) -> onnx.ModelProto:
+    """``onnx.load`` of ``path`` (without external data) holding the parsed model and one
+    initializer's bytes at a time: the wire format is walked field by field, each of the graph's
+    initializers parsed on its own, and every other field merged as protobuf would."""
+    model = onnx.ModelProto()
+    with open(path, "rb", buffering=WRITE_BUFFER) as stream:
+        reader = _WireReader(stream, path.stat().st_size)
+        rest = bytearray()  # the model's fields but the graph
+        while not reader.done():
+            number, wire = reader.key()
+            if number != _GRAPH or wire != 2:
+                rest += reader.field(number, wire)
+                continue
+            length = reader.varint()
+            end = reader.position + length
+            graph = bytearray()  # the graph's fields but its initializers
+            while reader.position < end:
+                number, wire = reader.key()
+                if number == _INITIALIZER and wire == 2:
+                    model.graph.initializer.add().ParseFromString(reader.read(reader.varint()))
+                else:
+                    graph += reader.field(number, wire)
+            if reader.position != end:
+                raise ValueError("a graph field's length does not match its contents")
+            model.graph.MergeFromString(bytes(graph))
+        model.MergeFromString(bytes(rest))
+    return model
+
+
+class _WireReader:
+    """Protobuf's wire format read from a stream, field by field."""
+
+    def __init__(self, stream, size: int) -> None:
+        self.stream, self.size, self.position = stream, size, 0
+
+    def done(self) -> bool:
+        return self.position >= self.size
+
+    def read(self, count: int) -> bytes:
+        data = self.stream.read(count)
+        if len(data) != count:
+            raise ValueError("the file ends inside a field")
+        self.position += count
+        return data
+
+    def varint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.read(1)[0]
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+            if shift > 63:
+                raise ValueError("a varint longer than ten bytes")
+
+    def key(self) -> tuple[int, int]:
+        """The next field's number and wire type."""
+        key = self.varint()
+        return key >> 3, key & 7
+
+    def field(self, number: int, wire: int) -> bytes:
+        """The rest of the field whose key was just read, with its key, as protobuf writes it."""
+        key = _varint(number << 3 | wire)
+        if wire == 0:
+            return key + _varint(self.varint())
+        if wire in (1, 5):
+            return key + self.read(8 if wire == 1 else 4)
+        if wire == 2:
+            length = self.varint()
+            return key + _varint(length) + self.read(length)
+        raise ValueError(f"wire type {wire} (a group, or not protobuf)")
 
 
 def read_model(model, verb: str = "read") -> tuple[onnx.ModelProto, str | None, str]:
