@@ -172,3 +172,13 @@ def test_a_truncated_large_file_is_a_clear_error(tmp_path: Path, monkeypatch) ->
         path.write_bytes(data[:cut])
         with pytest.raises(UserError, match="not a readable ONNX model"):
             io.load(path)
+
+
+def test_a_large_file_with_a_field_the_walk_does_not_take_is_loaded_by_protobuf(tmp_path: Path, monkeypatch) -> None:
+    """A group field (wire types 3 and 4, which protobuf keeps as an unknown field) ends the
+    tensor-by-tensor walk; protobuf's own parser loads the file then, as onnx.load does."""
+    path = tmp_path / "m.onnx"
+    group = io._varint(99 << 3 | 3) + io._varint(1 << 3 | 0) + io._varint(1) + io._varint(99 << 3 | 4)
+    path.write_bytes(builders.transformer(blocks=1).SerializeToString() + group)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    assert io.load(path).SerializeToString() == onnx.load(path, load_external_data=False).SerializeToString()

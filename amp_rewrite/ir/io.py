@@ -35,9 +35,13 @@ def load(path: str | os.PathLike) -> onnx.ModelProto:
     if path.is_dir():
         raise UserError(f"input is a directory, not an ONNX file: {path}")
     try:
+        model = None
         if path.stat().st_size >= STREAMED_LOAD_BYTES:
-            model = _load_streamed(path)
-        else:
+            try:
+                model = _load_streamed(path)
+            except ValueError:  # what the walk does not take (a group field, a cut file): protobuf's parser decides
+                model = None
+        if model is None:
             model = onnx.load(os.fspath(path), load_external_data=False)
     except (google.protobuf.message.DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
