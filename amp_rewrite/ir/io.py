@@ -17,7 +17,7 @@ from google.protobuf import unknown_fields
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
-from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, convert_embedded, external_location, float32_values
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, convert_embedded, external_location, float32_values, value_bytes
 
 PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_THRESHOLD = 1024
@@ -437,7 +437,7 @@ def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precis
             if SOURCE_TYPE_KEY in info:
                 _write_converted(tensor, f, int(info[SOURCE_TYPE_KEY]), sink)
             else:
-                _copy(f, int(info.get("length") or _nbytes(tensor)), sink)
+                _copy(f, int(info.get("length") or value_bytes(tensor)), sink)
         del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(sink.tell() - offset))):
@@ -451,9 +451,6 @@ def _write_converted(tensor: onnx.TensorProto, source, source_type: int, sink) -
     sink.write(array.astype(target.numpy_type).tobytes())
 
 
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
 def _copy(source, length: int, sink) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -63,6 +65,17 @@ class Fit:
     a tenth of the threshold, an upper bound (what flushes over the largest value): nonzero
     exactly when something flushes."""
     problem: str | None
+
+
+def value_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of a tensor's values, from its shape and element type (0 for strings), without
+    reading its data (``raw_data`` is copied out on each read)."""
+    return math.prod(tensor.dims) * _itemsize(tensor.data_type)
+
+
+@functools.cache
+def _itemsize(data_type: int) -> int:
+    return 0 if data_type == onnx.TensorProto.STRING else onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:

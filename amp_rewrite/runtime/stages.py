@@ -20,7 +20,6 @@ Memory holds one stage's values plus the values crossing into later stages.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from onnx import helper
 
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.ir.io import length_delimited
+from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import Progress
@@ -145,7 +145,7 @@ class _Runs:
         self.model, self.stages, self.top, self.stats, self.thresholds = model, stages, top, stats, thresholds
         self.weights = {t.name: t for t in model.graph.initializer}
         self.handed = {t.name for t in model.graph.initializer if t.data_type in HANDED_TYPES
-                       and t.HasField("raw_data") and _nbytes(t) >= HANDED_BYTES  # ByteSize copies raw_data
+                       and t.HasField("raw_data") and value_bytes(t) >= HANDED_BYTES
                        and t.data_location != onnx.TensorProto.EXTERNAL}
         """Weights that sessions get as arrays (``handed_to``), not in the serialized stage."""
         self.head = _model_head(model)
@@ -154,9 +154,7 @@ class _Runs:
     def handed_to(self, stage: Stage) -> dict[str, np.ndarray]:
         """The large weights ``stage`` reads, as arrays over copies of their bytes: for its session
         to copy in, then dropped (one stage's weights held twice at most, not every stage's)."""
-        return {name: np.frombuffer(self.weights[name].raw_data, dtype=helper.tensor_dtype_to_np_dtype(
-                    self.weights[name].data_type)).reshape(tuple(self.weights[name].dims))
-                for name in stage.weights if name in self.handed}
+        return {name: _array(self.weights[name]) for name in stage.weights if name in self.handed}
 
     def where(self, number: int) -> str:
         stage = self.stages[number]
@@ -217,19 +215,19 @@ HANDED_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx
 operands from the serialized model, and refuses external ones)."""
 
 
+def _array(tensor: onnx.TensorProto) -> np.ndarray:
+    """A tensor's values over a copy of its raw bytes."""
+    return np.frombuffer(tensor.raw_data, helper.tensor_dtype_to_np_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
+
+
 def _placeholder(tensor: onnx.TensorProto) -> onnx.TensorProto:
     """``tensor``'s name, type and shape, its data said to be external (ONNX Runtime replaces it
     with the array the session is given before it would read the file)."""
     placeholder = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims,
                                    data_location=onnx.TensorProto.EXTERNAL)
-    for key, value in (("location", "handed-to-the-session"), ("offset", "0"), ("length", str(_nbytes(tensor)))):
+    for key, value in (("location", "handed-to-the-session"), ("offset", "0"), ("length", str(value_bytes(tensor)))):
         placeholder.external_data.add(key=key, value=value)
     return placeholder
-
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    """The bytes of a tensor's values, from its shape and type (reading raw_data copies it)."""
-    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 _GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number

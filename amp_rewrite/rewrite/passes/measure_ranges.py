@@ -5,17 +5,16 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
-from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
+from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
@@ -72,7 +71,7 @@ class MeasureRanges:
             return None
         # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
         portable = (len(model.graph.node) <= PORTABLE_NODES and not options.calibrate and not options.inputs
-                    and sum(_nbytes(t) for t in _initializers(model)) <= PORTABLE_BYTES)
+                    and sum(value_bytes(t) for t in _initializers(model)) <= PORTABLE_BYTES)
         return Measurement(Started(functools.partial(_measure_every_value, model, options, base_dir),
                                    "onnxruntime (range check)", portable=portable))
 
@@ -181,7 +180,7 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, c
         return None
     if options.range_check == "off":
         return "range_check=off"
-    weight_bytes = sum(_nbytes(t) for t in weights)
+    weight_bytes = sum(value_bytes(t) for t in weights)
     if options.range_check == "auto" and weight_bytes > options.range_check_max_bytes:
         return (f"weights of {weight_bytes / 2**30:.1f} GiB exceed range_check_max_bytes "
                 f"({options.range_check_max_bytes / 2**30:.1f} GiB); use range_check=on")
@@ -374,15 +373,6 @@ def _source(analysis: Analysis, calibrated: bool) -> str:
     if calibrated:
         return "calibration data"
     return "the given inputs" if analysis.options.inputs else _GENERATED
-
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    return math.prod(tensor.dims) * _itemsize(tensor.data_type)
-
-
-@functools.cache
-def _itemsize(data_type: int) -> int:
-    return 0 if data_type == TensorProto.STRING else helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def _first_line(exc: Exception) -> str:
