@@ -9,7 +9,8 @@
 #   benchmarks/device_session.sh train     # last part: assembles and unpacks onnxruntime-gpu, checks that
 #                                          # the CUDA provider runs, times the training steps (train_bench)
 #   benchmarks/device_session.sh fuzz      # instead of train: the fuzz cases of gpu_fuzz.py prepare (carried
-#                                          # as benchmarks/work/gpu_fuzz) run on CUDA, NaN/Inf counted
+#                                          # as benchmarks/work/gpu_fuzz; or CASES, a folder of cases such as
+#                                          # torch_exports.py cases writes) run on CUDA, NaN/Inf and error counted
 #   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
 #   benchmarks/device_session.sh run CMD   # any command (a diagnosis) with onnxruntime-gpu set up by train
 #
@@ -19,7 +20,7 @@
 # A shorter session (a rerun of some cases) narrows it with variables: ONLY (gpu_bench's cases whose
 # name holds one of these; space-separated, "_" for a space: "squeezenet_b1"; prepare and infer),
 # BATCHES (train_bench's batches), TRAIN_ARGS (more of train_bench's arguments), PRECISIONS (kernel_check's,
-# space-separated; default float16).
+# space-separated; default float16), CASES and FUZZ_ARGS (gpu_fuzz.py run's folder and more arguments).
 set -u
 stage=$1
 shift
@@ -73,7 +74,7 @@ got = s.run(None, {"a": a, "b": a})[0]
 print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
 EOF
   if [ "$stage" = fuzz ]; then
-    timeout "${FUZZ_SECONDS:-300}" python3 benchmarks/gpu_fuzz.py run --cases benchmarks/work/gpu_fuzz \
+    timeout "${FUZZ_SECONDS:-300}" python3 benchmarks/gpu_fuzz.py run --cases "${CASES:-benchmarks/work/gpu_fuzz}" ${FUZZ_ARGS:-} \
       --out "$res/gpu_fuzz.json" 2>&1 | grep -v -i "warn" | tail -40
   else
     timeout 280 python3 benchmarks/train_bench.py --batches "${BATCHES:-256,32,64,128,512}" ${TRAIN_ARGS:-} --out "$res/train_bench.md" 2>&1 | grep -v -i "warn" | tail -12

@@ -14,8 +14,10 @@ test does), and keeps those where the range check ran: the float32 model, the co
 one converted with ``--range-check off`` (to show what the check prevents) and the feeds, in
 one compressed .npz per case, with the emulated run's new non-finite count. ``run`` runs the
 models on ``--provider`` (default CUDA, at ONNX Runtime's default optimizations; TF32 off)
-and counts the output elements finite in float32 and not in each converted model; it prints
-one line per case where the checked conversion gains any, and a summary.
+and counts the output elements finite in float32 and not in each converted model, and each
+one's relative L2 error against float32 there; it prints one line per case where a converted
+model gains any or fails (every case's with ``--each``), and a summary. ``torch_exports.py
+cases`` writes real exporters' models in the same form (with the ORT float16 script's output).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MIXED = ("mixed", "unchecked")
-"""The converted models of each case: with the range check (on the case's feeds), and without it."""
+CASE_SECONDS = 300
+"""How long one case's models may take to load and run, before it counts as hung."""
 
 
 def prepare(examples: int, out: Path) -> None:
@@ -69,46 +71,99 @@ def prepare(examples: int, out: Path) -> None:
     print(f"kept {kept} cases where the range check ran ({skipped} skipped), onnx {onnx.__version__}, in {out}")
 
 
-def run_cases(cases: Path, provider: str, out: Path | None) -> None:
+def _session(model: bytes, provider: str):
     import onnxruntime as ort
 
-    def session(model: bytes):
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        provider_options = {"use_tf32": "0"} if provider == "CUDAExecutionProvider" else {}
-        return ort.InferenceSession(model, options, providers=[(provider, provider_options)])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    provider_options = {"use_tf32": "0"} if provider == "CUDAExecutionProvider" else {}
+    made = ort.InferenceSession(model, options, providers=[(provider, provider_options)])
+    if provider not in made.get_providers():
+        raise RuntimeError(f"{provider} did not start: {made.get_providers()}")
+    return made
+
+
+def _measured(models: dict[str, bytes], feeds: dict, provider: str, wants: list | None = None) -> dict:
+    """Per model: its new non-finite output elements and the relative L2 error of its worst output
+    against ``wants`` (by default float32's outputs, run first), or why it did not run."""
+    results = {}
+    if wants is None:
+        try:
+            wants = [np.asarray(w) for w in _session(models["fp32"], provider).run(None, feeds)]
+        except Exception as exc:  # float32 itself does not run there: nothing to compare with
+            return {"fp32": {"failed": str(exc).splitlines()[0][:300]}}
+    for kind, model in models.items():
+        if kind == "fp32":
+            continue
+        try:
+            gots = [np.asarray(got, np.float32) for got in _session(model, provider).run(None, feeds)]
+        except Exception as exc:  # a model the provider refuses is a finding too
+            results[kind] = {"failed": str(exc).splitlines()[0][:300]}
+            continue
+        results[kind] = {
+            "new_nonfinite": sum(int((np.isfinite(w) & ~np.isfinite(g)).sum()) for w, g in zip(wants, gots)),
+            "rel_l2": max((float(np.linalg.norm(np.nan_to_num(g - w)) / max(float(np.linalg.norm(w)), 1e-30))
+                           for w, g in zip(wants, gots) if np.issubdtype(w.dtype, np.floating)), default=0.0)}
+    return {"elements": int(sum(w.size for w in wants)), **results}
+
+
+def _isolated_measure(models: dict[str, bytes], feeds: dict, provider: str, name: str) -> dict:
+    """``_measured`` in a child process (ONNX Runtime's CPU provider segfaults on some float16
+    graphs); after a crash, each model alone in a child of its own, to say which crashed."""
+    from amp_rewrite.runtime.isolate import NativeFailure, isolated
+
+    try:
+        return isolated(lambda progress: _measured(models, feeds, provider), name, timeout=CASE_SECONDS)
+    except NativeFailure:
+        pass
+    try:
+        wants = isolated(lambda progress: [np.asarray(w) for w in _session(models["fp32"], provider).run(None, feeds)],
+                         name, timeout=CASE_SECONDS)
+    except NativeFailure as exc:
+        return {"fp32": {"failed": f"crashed: {exc}"}}
+    results = {"elements": int(sum(w.size for w in wants))}
+    for kind in models.keys() - {"fp32"}:
+        try:
+            results.update(isolated(lambda progress, kind=kind: _measured({kind: models[kind]}, feeds, provider, wants),
+                                    f"{name} {kind}", timeout=CASE_SECONDS))
+        except NativeFailure as exc:
+            results[kind] = {"failed": f"crashed: {exc}"}
+    return results
+
+
+def run_cases(cases: Path, provider: str, out: Path | None, each: bool = False) -> None:
+    """Each case's models on ``provider``, each case in a child process. A case holds ``fp32`` and
+    any converted models (``mixed``, ``unchecked``, ``peer``: every array not a ``feed_`` or
+    ``emulated_new``). Per converted model: whether the provider loads and runs it, the output
+    elements finite in float32 and not in it, and the relative L2 error of its worst output
+    against float32 on the same provider."""
+    import onnxruntime as ort
 
     started = time.perf_counter()
-    rows, failed = [], []
+    rows = []
     for path in sorted(cases.glob("case_*.npz")):
         with np.load(path) as case:
             feeds = {key[len("feed_"):]: case[key] for key in case.files if key.startswith("feed_")}
-            models = {kind: case[kind].tobytes() for kind in ("fp32", *MIXED)}
-            emulated_new = int(case["emulated_new"])
-        try:
-            sessions = {kind: session(model) for kind, model in models.items()}
-            if provider not in sessions["mixed"].get_providers():
-                raise RuntimeError(f"{provider} did not start: {sessions['mixed'].get_providers()}")
-            results = {kind: s.run(None, feeds) for kind, s in sessions.items()}
-        except Exception as exc:  # a model the provider refuses is a finding too
-            failed.append({"case": path.name, "error": str(exc).splitlines()[0][:300]})
-            print(f"{path.name}: failed: {failed[-1]['error']}", flush=True)
-            continue
-        row = {"case": path.name, "emulated": emulated_new, "elements": int(sum(w.size for w in results["fp32"]))}
-        for kind in MIXED:
-            row[kind] = sum(int((np.isfinite(w) & ~np.isfinite(np.asarray(g, np.float32))).sum())
-                            for w, g in zip(results["fp32"], results[kind]))
+            models = {key: case[key].tobytes() for key in case.files if not key.startswith("feed_")
+                      and key != "emulated_new"}
+            row = {"case": path.stem, **({"emulated": int(case["emulated_new"])} if "emulated_new" in case else {})}
+        row.update(_isolated_measure(models, feeds, provider, path.stem))
         rows.append(row)
-        if row["mixed"] or emulated_new:
-            print(f"{path.name}: {row['mixed']} new non-finite elements on {provider}, {emulated_new} emulated",
-                  flush=True)
-    summary = {"provider": provider, "onnxruntime": ort.__version__, "cases": len(rows) + len(failed),
-               "ran": len(rows), "failed": len(failed),
-               **{f"with_new_nonfinite_{kind}": sum(1 for r in rows if r[kind]) for kind in (*MIXED, "emulated")},
+        results = [value for value in row.values() if isinstance(value, dict)]
+        if each or row.get("emulated") or any("failed" in v or v["new_nonfinite"] for v in results):
+            print(json.dumps(row), flush=True)
+    kinds = sorted({key for row in rows for key, value in row.items() if isinstance(value, dict)} - {"fp32"})
+    summary = {"provider": provider, "onnxruntime": ort.__version__, "cases": len(rows),
+               "float32_failed": sum(1 for row in rows if "fp32" in row),
+               **{kind: {"failed": sum(1 for row in rows if "failed" in row.get(kind, {})),
+                         "with_new_nonfinite": sum(1 for row in rows if row.get(kind, {}).get("new_nonfinite")),
+                         "worst_rel_l2": max((row[kind]["rel_l2"] for row in rows if "rel_l2" in row.get(kind, {})),
+                                             default=None)} for kind in kinds},
+               "with_new_nonfinite_emulated": sum(1 for row in rows if row.get("emulated")),
                "seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(summary))
     if out is not None:
-        out.write_text(json.dumps({"summary": summary, "cases": rows, "failed": failed}, indent=1))
+        out.write_text(json.dumps({"summary": summary, "cases": rows}, indent=1))
 
 
 def main() -> None:
@@ -121,11 +176,12 @@ def main() -> None:
     ran.add_argument("--cases", type=Path, default=ROOT / "benchmarks" / "work" / "gpu_fuzz")
     ran.add_argument("--provider", default="CUDAExecutionProvider")
     ran.add_argument("--out", type=Path)
+    ran.add_argument("--each", action="store_true", help="print every case's line, not only the findings")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.examples, args.out)
     else:
-        run_cases(args.cases, args.provider, args.out)
+        run_cases(args.cases, args.provider, args.out, args.each)
 
 
 if __name__ == "__main__":

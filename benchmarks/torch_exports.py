@@ -12,7 +12,8 @@ not a dependency:
 data, and reports: the range check's line, whether ONNX Runtime loads the converted model at its
 default optimizations (in a child process: its CPU provider crashes on some float16 graphs), and
 the relative L2 error of the worst output with float16 storage emulated, against float32. Random
-weights (seed 0).
+weights (seed 0). ``cases`` writes the same conversions (and the ORT float16 script's) as cases
+for ``benchmarks/gpu_fuzz.py run``, which runs them on a GPU's float16 kernels.
 """
 
 from __future__ import annotations
@@ -473,30 +474,61 @@ def _axes(name: str, batch, seq, past, total) -> dict:
     return {0: batch, 1: total if name == "attention_mask" else seq}
 
 
+def _realistic(feeds: dict) -> dict:
+    """Token ids below the vocabulary, masks of ones, diffusion timesteps in 0-999."""
+    import numpy as np
+
+    feeds, rng = dict(feeds), np.random.default_rng(0)
+    if "ids" in feeds:
+        feeds["ids"] = rng.integers(0, VOCAB, feeds["ids"].shape).astype(np.int64)
+    for mask in ("mask", "attention_mask"):
+        if mask in feeds:
+            feeds[mask] = np.ones_like(feeds[mask])
+    if "t" in feeds:
+        feeds["t"] = rng.integers(0, 1000, feeds["t"].shape).astype(np.float32)
+    return feeds
+
+
+def _sample(model) -> tuple[dict, list]:
+    """The first generated inputs float32 runs on, made realistic, and float32's outputs on them."""
+    from amp_rewrite.runtime import instrument, samples
+
+    reference = instrument.session(model)
+    _, (feeds, wants) = samples.first_that_runs(
+        ((text, [_realistic(data[0])]) for text, data in samples.attempts(model)),
+        lambda data: (data[0], reference.run(None, data[0])))
+    return feeds, wants
+
+
+def _peer(path: str):
+    """ONNX Runtime's float16 script's output of the model at ``path``, or why it failed (a line)."""
+    import onnx
+
+    with tempfile.TemporaryDirectory() as folder:
+        target = str(Path(folder) / "peer.onnx")
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_convert.py"), "ort", path, target],
+                              capture_output=True, text=True)
+        if done.returncode:
+            return f"fails: {(done.stderr.strip().splitlines() or ['?'])[-1][:80]}"
+        return onnx.load(target)
+
+
+def _selected(models: Path, only: list[str]) -> list[str]:
+    return [path for path in sorted(glob.glob(str(models / "*.onnx")))
+            if not only or Path(path).stem.rsplit("_", 1)[0] in only]
+
+
 def check(models: Path, only: list[str], peers: bool) -> None:
     import numpy as np
     import onnx
 
-    sys.path.insert(0, str(ROOT))
     from amp_rewrite import convert
-    from amp_rewrite.runtime import instrument, samples
+    from amp_rewrite.runtime import instrument
     from amp_rewrite.runtime.emulate import emulated
     from tests.test_fuzz import load_failure
 
     def loads(model) -> str:
         return load_failure(model) or "loads"
-
-    def realistic(feeds: dict) -> dict:
-        """Token ids below the vocabulary, masks of ones, diffusion timesteps in 0-999."""
-        feeds, rng = dict(feeds), np.random.default_rng(0)
-        if "ids" in feeds:
-            feeds["ids"] = rng.integers(0, VOCAB, feeds["ids"].shape).astype(np.int64)
-        for mask in ("mask", "attention_mask"):
-            if mask in feeds:
-                feeds[mask] = np.ones_like(feeds[mask])
-        if "t" in feeds:
-            feeds["t"] = rng.integers(0, 1000, feeds["t"].shape).astype(np.float32)
-        return feeds
 
     def worst_error(converted, feeds: dict, wants: list) -> float:
         gots = instrument.session(emulated(converted)).run(None, feeds)
@@ -505,13 +537,9 @@ def check(models: Path, only: list[str], peers: bool) -> None:
 
     def peer(path: str, feeds: dict, wants: list) -> str:
         """ONNX Runtime's float16 script's output: whether it loads, and its error."""
-        with tempfile.TemporaryDirectory() as folder:
-            target = str(Path(folder) / "peer.onnx")
-            done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_convert.py"), "ort", path, target],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                return f"fails: {(done.stderr.strip().splitlines() or ['?'])[-1][:80]} |"
-            converted = onnx.load(target)
+        converted = _peer(path)
+        if isinstance(converted, str):
+            return f"{converted} |"
         try:
             error = f"{worst_error(converted, feeds, wants):.1e}"
         except Exception as exc:  # its output does not run
@@ -521,33 +549,47 @@ def check(models: Path, only: list[str], peers: bool) -> None:
     print("| model | range check, generated inputs | low nodes | casts | loads at default optimizations "
           "| rel L2, emulated float16 (worst output) |" + (" ORT float16 script: loads | rel L2 |" if peers else ""))
     print("|---|---|---:|---:|---|---:|" + ("---|---:|" if peers else ""))
-    for path in sorted(glob.glob(str(models / "*.onnx"))):
-        if only and Path(path).stem.rsplit("_", 1)[0] not in only:
-            continue
+    for path in _selected(models, only):
         model = onnx.load(path)
         _, report = convert(model)
-        reference = instrument.session(model)
-        _, (feeds, wants) = samples.first_that_runs(
-            ((text, [realistic(data[0])]) for text, data in samples.attempts(model)),
-            lambda data, session=reference: (data[0], session.run(None, data[0])))
+        feeds, wants = _sample(model)
         converted, fixed = convert(model, inputs=[feeds])
         print(f"| {Path(path).stem} | {report.range_check} | {fixed.low_nodes}/{fixed.nodes} | {fixed.casts_inserted} "
               f"| {loads(converted)} (float32: {loads(model)}) | {worst_error(converted, feeds, wants):.1e} |"
               + (f" {peer(path, feeds, wants)}" if peers else ""), flush=True)
 
 
+def cases(models: Path, only: list[str], out: Path) -> None:
+    """Each model as a case of ``benchmarks/gpu_fuzz.py run`` (one .npz): float32, amp-rewrite's
+    output converted with the case's inputs as the range check's data, the ORT float16 script's
+    output where it converts, and the inputs; to run the exports on a GPU's float16 kernels."""
+    import numpy as np
+    import onnx
+
+    from amp_rewrite import convert
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in _selected(models, only):
+        model = onnx.load(path)
+        feeds, _ = _sample(model)
+        converted, _ = convert(model, inputs=[feeds])
+        peer = _peer(path)
+        kinds = {"fp32": model, "mixed": converted, **({} if isinstance(peer, str) else {"peer": peer})}
+        np.savez_compressed(out / f"case_{Path(path).stem}.npz",
+                            **{kind: np.frombuffer(m.SerializeToString(), np.uint8) for kind, m in kinds.items()},
+                            **{f"feed_{name}": array for name, array in feeds.items()})
+        print(f"{Path(path).stem}: {', '.join(kinds)}" + (f" ({peer})" if isinstance(peer, str) else ""), flush=True)
+
+
 def time_tools(models: Path, only: list[str]) -> None:
     """Each converter of ``make bench`` on each model, as ``make bench`` times it (one run; peak
     PSS from a run of its own): for exports at their real size (BERT-base, GPT-2 small)."""
-    sys.path.insert(0, str(ROOT))
     from benchmarks.run import TOOLS, measure
 
     print("| model | MiB | tool | seconds | peak RSS MiB | peak PSS MiB | note |")
     print("|---|---:|---|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for path in sorted(glob.glob(str(models / "*.onnx"))):
-            if only and Path(path).stem.rsplit("_", 1)[0] not in only:
-                continue
+        for path in _selected(models, only):
             for tool, command in TOOLS.items():
                 output = str(Path(folder) / "out.onnx")
                 run = measure([*command, path, *(["-o", output] if tool.startswith("amp") else [output])], 900)
@@ -558,7 +600,7 @@ def time_tools(models: Path, only: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
-    for step in ("export", "check", "time"):
+    for step in ("export", "check", "time", "cases"):
         sub = steps.add_parser(step)
         sub.add_argument("--out" if step == "export" else "--models", type=Path,
                          default=ROOT / "benchmarks" / "work" / "torch_exports")
@@ -567,14 +609,20 @@ def main() -> None:
         if step == "check":
             sub.add_argument("--peers", action="store_true",
                              help="also convert each with ONNX Runtime's float16 script (keep_io_types) and check it")
+        if step == "cases":
+            sub.add_argument("--cases", type=Path, default=ROOT / "benchmarks" / "work" / "gpu_exports",
+                             help="folder for the cases (gpu_fuzz.py run --cases)")
         if step == "export":
             sub.add_argument("--hf", action="store_true",
                              help="Hugging Face transformers' architectures instead (transformers installed)")
             sub.add_argument("--full-size", action="store_true",
                              help="with --hf: BERT-base and GPT-2 small at their real sizes, for `time`")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
     if args.step == "check":
         check(args.models, args.only, args.peers)
+    elif args.step == "cases":
+        cases(args.models, args.only, args.cases)
     elif args.step == "time":
         time_tools(args.models, args.only)
     elif args.hf:
