@@ -107,48 +107,76 @@ def _measured(models: dict[str, bytes], feeds: dict, provider: str, wants: list 
     return {"elements": int(sum(w.size for w in wants)), **results}
 
 
-def _isolated_measure(models: dict[str, bytes], feeds: dict, provider: str, name: str) -> dict:
-    """``_measured`` in a child process (ONNX Runtime's CPU provider segfaults on some float16
-    graphs); after a crash, each model alone in a child of its own, to say which crashed."""
+def _case(path: Path) -> tuple[dict, dict[str, bytes], dict]:
+    """A case file's row head (its name, the emulated count of fuzz cases), models and feeds."""
+    with np.load(path) as case:
+        feeds = {key[len("feed_"):]: case[key] for key in case.files if key.startswith("feed_")}
+        models = {key: case[key].tobytes() for key in case.files if not key.startswith("feed_")
+                  and key != "emulated_new"}
+        head = {"case": path.stem, **({"emulated": int(case["emulated_new"])} if "emulated_new" in case else {})}
+    return head, models, feeds
+
+
+def _run_from(paths: list[Path], provider: str, rows: Path) -> None:
+    """Each case in turn, in this one process; a line of JSON per case appended to ``rows``."""
+    with rows.open("a") as out:
+        for path in paths:
+            head, models, feeds = _case(path)
+            out.write(json.dumps({**head, **_measured(models, feeds, provider)}) + "\n")
+            out.flush()
+
+
+def _each_alone(path: Path, provider: str) -> dict:
+    """The case whose models crashed the process: each model in a child of its own, to say which."""
     from amp_rewrite.runtime.isolate import NativeFailure, isolated
 
-    try:
-        return isolated(lambda progress: _measured(models, feeds, provider), name, timeout=CASE_SECONDS)
-    except NativeFailure:
-        pass
+    head, models, feeds = _case(path)
     try:
         wants = isolated(lambda progress: [np.asarray(w) for w in _session(models["fp32"], provider).run(None, feeds)],
-                         name, timeout=CASE_SECONDS)
+                         path.stem, timeout=CASE_SECONDS)
     except NativeFailure as exc:
-        return {"fp32": {"failed": f"crashed: {exc}"}}
-    results = {"elements": int(sum(w.size for w in wants))}
+        return {**head, "fp32": {"failed": f"crashed: {exc}"}}
+    row = {**head, "elements": int(sum(w.size for w in wants))}
     for kind in models.keys() - {"fp32"}:
         try:
-            results.update(isolated(lambda progress, kind=kind: _measured({kind: models[kind]}, feeds, provider, wants),
-                                    f"{name} {kind}", timeout=CASE_SECONDS))
+            row.update(isolated(lambda progress, kind=kind: _measured({kind: models[kind]}, feeds, provider, wants),
+                                f"{path.stem} {kind}", timeout=CASE_SECONDS))
         except NativeFailure as exc:
-            results[kind] = {"failed": f"crashed: {exc}"}
-    return results
+            row[kind] = {"failed": f"crashed: {exc}"}
+    return row
 
 
 def run_cases(cases: Path, provider: str, out: Path | None, each: bool = False) -> None:
-    """Each case's models on ``provider``, each case in a child process. A case holds ``fp32`` and
-    any converted models (``mixed``, ``unchecked``, ``peer``: every array not a ``feed_`` or
-    ``emulated_new``). Per converted model: whether the provider loads and runs it, the output
-    elements finite in float32 and not in it, and the relative L2 error of its worst output
-    against float32 on the same provider."""
+    """Each case's models on ``provider``. A case holds ``fp32`` and any converted models (``mixed``,
+    ``unchecked``, ``peer``: every array not a ``feed_`` or ``emulated_new``). Per converted model:
+    whether the provider loads and runs it, the output elements finite in float32 and not in it,
+    and the relative L2 error of its worst output against float32 on the same provider.
+    The cases run one after another in a child process; where ONNX Runtime crashes it (its CPU
+    provider segfaults on some float16 graphs), that case's models run each alone to say which
+    crashed, and a new child goes on from the next case."""
+    import tempfile
+
     import onnxruntime as ort
 
+    from amp_rewrite.runtime.isolate import NativeFailure, isolated
+
     started = time.perf_counter()
-    rows = []
-    for path in sorted(cases.glob("case_*.npz")):
-        with np.load(path) as case:
-            feeds = {key[len("feed_"):]: case[key] for key in case.files if key.startswith("feed_")}
-            models = {key: case[key].tobytes() for key in case.files if not key.startswith("feed_")
-                      and key != "emulated_new"}
-            row = {"case": path.stem, **({"emulated": int(case["emulated_new"])} if "emulated_new" in case else {})}
-        row.update(_isolated_measure(models, feeds, provider, path.stem))
-        rows.append(row)
+    paths = sorted(cases.glob("case_*.npz"))
+    with tempfile.TemporaryDirectory() as folder:
+        lines = Path(folder) / "rows.jsonl"
+        lines.touch()
+        done = 0
+        while done < len(paths):
+            try:
+                isolated(lambda progress, rest=paths[done:]: _run_from(rest, provider, lines), "cases", timeout=None)
+                break
+            except NativeFailure:
+                done = len(lines.read_text().splitlines())
+                with lines.open("a") as appended:
+                    appended.write(json.dumps(_each_alone(paths[done], provider)) + "\n")
+                done += 1
+        rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    for row in rows:
         results = [value for value in row.values() if isinstance(value, dict)]
         if each or row.get("emulated") or any("failed" in v or v["new_nonfinite"] for v in results):
             print(json.dumps(row), flush=True)

@@ -28,6 +28,10 @@ def add_parser(commands) -> None:
     chk.add_argument("--emulate", action=argparse.BooleanOptionalAction, default=None,
                      help="round every low-precision value as the GPU would store it, on a float32 runtime "
                           "(default: on unless the provider runs float16 natively)")
+    chk.add_argument("--deployed", action=argparse.BooleanOptionalAction, default=True,
+                     help="also run the mixed model as ONNX Runtime deploys it, with its default graph "
+                          "optimizations (a fusion can change a low-precision graph's numerics); each output is "
+                          "judged by the worse run (default: on)")
     chk.add_argument("--localize", action="store_true",
                      help="on failure, rank the nodes where the error first grows")
     chk.add_argument("--report", metavar="REPORT.json", help="write the result as JSON")
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from amp_rewrite.workflows.check import check  # here, not at the top: every subcommand's start would pay for it
     result = check(args.original, args.mixed, inputs=args.inputs, random=args.random,
                    shapes=dict(parse_shape(s) for s in args.shape), tolerance=default, tolerances=per_output,
-                   provider=args.provider, emulate=args.emulate, localize_failures=args.localize, seed=args.seed)
+                   provider=args.provider, emulate=args.emulate, localize_failures=args.localize, seed=args.seed,
+                   deployed=args.deployed)
     if result.fix:
         result.fix = f"amp-rewrite convert {args.original} -o {args.mixed} {result.fix}"
     print(result.table())

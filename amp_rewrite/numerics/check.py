@@ -3,8 +3,11 @@
 Both models run on the same samples; each output is compared with its tolerance
 (see ``compare``). Where the chosen provider has no low-precision kernels (the
 CPU provider computes float16 nodes in float32), the mixed model is run through
-``emulate`` so that its storage rounding, overflow and underflow show. On
-failure, ``localize`` ranks the nodes that made the error grow.
+``emulate`` so that its storage rounding, overflow and underflow show, and, as
+deployed, once more as ONNX Runtime runs it by default (its graph optimizations on:
+a fusion can change the numerics of a low-precision graph); each output is judged
+by the worse of the two runs. On failure, ``localize`` ranks the nodes that made the
+error grow.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import shlex
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -41,6 +44,13 @@ class OutputCheck:
     sample: int
     """The sample shown: the first that fails, else the one with the largest relative L2 error."""
     errors: Errors
+    run: str = "emulated"
+    """The run these figures come from: ``emulated`` or ``as deployed`` (DEPLOYED)."""
+
+
+DEPLOYED = "as deployed"
+DEPLOYED_OPTIMIZATION = "all"
+"""ONNX Runtime's default graph optimization level: what a deployed session runs."""
 
 
 @dataclass
@@ -57,6 +67,8 @@ class CheckResult:
     """Flags that keep the suspects in float32, for ``amp-rewrite convert``."""
     runs: int = 0
     seconds: float = 0.0
+    deployed: str = "off"
+    """The run as deployed: ``compared``, ``off``, or why it did not run (``did not run: ...``)."""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -69,16 +81,21 @@ class CheckResult:
         return json.dumps(asdict(self), indent=2, default=float)
 
     def table(self) -> str:
+        both = self.emulated and self.deployed == "compared"
         head = ("output", "metric", "max abs", "mean abs", "max rel", "rel L2", "cosine", "new nan/inf", "top-1",
-                "result")
+                *(("worse run",) if both else ()), "result")
         rows = [(o.name, o.tolerance.metric, *(_num(getattr(o.errors, k)) for k in
                                                ("max_abs", "mean_abs", "max_rel", "rel_l2", "cosine")),
-                 str(o.errors.new_nonfinite), _num(o.errors.top1),
+                 str(o.errors.new_nonfinite), _num(o.errors.top1), *((o.run,) if both else ()),
                  "ok" if o.passed else f"FAIL (sample {o.sample})") for o in self.outputs]
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-        lines = [f"amp-rewrite check: {'passed' if self.passed else 'FAILED'} ({self.mode}; {self.samples} "
-                 f"sample{'s' if self.samples != 1 else ''}, {self.runs} model runs, {self.seconds:.1f} s)"]
+        lines = [f"amp-rewrite check: {'passed' if self.passed else 'FAILED'} ({self.mode}{self._deployed_text()}; "
+                 f"{self.samples} sample{'s' if self.samples != 1 else ''}, {self.runs} model runs, "
+                 f"{self.seconds:.1f} s)"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)]
+        if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
+            lines.append("fails only as deployed: ONNX Runtime's graph optimizations (a fusion) change the "
+                         "low-precision graph's numerics; the emulation of the unoptimized graph passes")
         if self.suspects:
             lines.append("localization: nodes where the error first grows, most likely culprit first")
             lines += [f"  {i}. {s.op_type} {s.node!r}: {s.evidence}\n     ({s.op_class}; {s.reason or 'no decision'})"
@@ -86,6 +103,13 @@ class CheckResult:
         if self.fix:
             lines.append(f"to keep them in float32: {self.fix}")
         return "\n".join(lines)
+
+    def _deployed_text(self) -> str:
+        if self.deployed == "off":
+            return ""
+        if self.deployed != "compared":
+            return f"; as deployed: {self.deployed}"
+        return f"{', and ' if self.emulated else ', '}as deployed (ONNX Runtime's default graph optimizations)"
 
     def to_junit(self) -> str:
         suite = ET.Element("testsuite", name="amp-rewrite check", tests=str(len(self.outputs)),
@@ -110,16 +134,17 @@ class Runs:
 
 def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
               emulate: bool = False, watch: Sequence = (), thresholds: instrument.Thresholds | None = None,
-              what: str = "model") -> Runs:
+              what: str = "model", optimize: str = "none") -> Runs:
     """Run ``model`` (emulated: with low-precision storage rounding) on every sample in one
-    session, in a child process (``isolate``): a crash of ONNX Runtime is one clear error."""
+    session (with ONNX Runtime's graph optimizations at ``optimize``, none by default), in a
+    child process (``isolate``): a crash of ONNX Runtime is one clear error."""
     data = [samples.checked(sample, model) for sample in data]
 
     def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
         exposed = instrument.expose(runnable, watch, thresholds)
         progress(f"creating the {what}'s session on {provider}")
-        session = instrument.session(exposed.model, base_dir, provider)
+        session = instrument.session(exposed.model, base_dir, provider, optimize=optimize)
         progress(f"running the {what} on {provider}")
         results = [instrument.run(session, sample) for sample in data]
         measured = (instrument.merge(instrument.measure(exposed, r, thresholds) for r in results)
@@ -132,10 +157,13 @@ def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data:
 def check(original, mixed, inputs: Sequence = (), random: int | None = None,
           shapes: Mapping[str, Sequence[int]] | None = None, tolerance: Tolerance | None = None,
           tolerances: Mapping[str, Tolerance] | None = None, provider: str = DEFAULT_PROVIDER,
-          emulate: bool | None = None, localize_failures: bool = False, seed: int = 0) -> CheckResult:
+          emulate: bool | None = None, localize_failures: bool = False, seed: int = 0,
+          deployed: bool = True) -> CheckResult:
     """Compare ``mixed`` with ``original`` (paths or ModelProtos) on ``inputs`` (.npz paths or
     dicts of arrays) and/or ``random`` generated samples (one when no inputs are given).
-    ``emulate`` None emulates unless ``provider`` runs float16 natively."""
+    ``emulate`` None emulates unless ``provider`` runs float16 natively. ``deployed``: also run
+    the mixed model as ONNX Runtime runs it by default (graph optimizations on; without
+    emulation, the only run of the mixed model is that one)."""
     started = time.perf_counter()
     original, original_dir = load_model(original)
     mixed, mixed_dir = load_model(mixed)
@@ -146,18 +174,38 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     watch = instrument.float_values(original, top_level=True) if localize_failures else ()
     expected = run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
-                         what="mixed model").results
-    outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output], tolerance or Tolerance(),
-                              tolerances or {})
+                         what="mixed model", optimize="none" if emulate or not deployed else DEPLOYED_OPTIMIZATION
+                         ).results
+    names = [o.name for o in mixed.graph.output]
+    outputs = compare_outputs(expected, observed, names, tolerance or Tolerance(), tolerances or {})
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
-                         outputs)
-    if not result.passed and localize_failures:
+                         outputs, runs=2 * len(data))
+    if deployed and not emulate:
+        result.deployed, result.outputs = "compared", [replace(o, run=DEPLOYED) for o in outputs]
+    elif deployed:
+        try:
+            as_deployed = run_model(mixed, mixed_dir, provider, data, what="mixed model as deployed",
+                                    optimize=DEPLOYED_OPTIMIZATION).results
+        except UserError as exc:  # ONNX Runtime's CPU provider crashes on some float16 graphs that CUDA runs
+            result.deployed = f"did not run: {exc}"
+        else:
+            result.deployed, result.runs = "compared", 3 * len(data)
+            judged = compare_outputs(expected, as_deployed, names, tolerance or Tolerance(), tolerances or {})
+            result.outputs = [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)]
+            result.passed = all(o.passed for o in result.outputs)
+    if not result.passed and localize_failures and not all(o.passed for o in outputs):
         worst = next(o.sample for o in outputs if not o.passed)
         result.suspects = localize(mixed, expected[worst], observed[worst])
         result.fix = fix_flags(result.suspects)
-    result.runs = 2 * len(data)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _worse(emulated_check: OutputCheck, deployed_check: OutputCheck) -> OutputCheck:
+    """The run that judges an output: a failing one, else the larger relative L2 error."""
+    if emulated_check.passed != deployed_check.passed:
+        return deployed_check if emulated_check.passed else emulated_check
+    return deployed_check if deployed_check.errors.rel_l2 > emulated_check.errors.rel_l2 else emulated_check
 
 
 def compare_outputs(expected: list[dict], observed: list[dict], names: list[str], default: Tolerance,
@@ -218,6 +266,6 @@ def _num(x) -> str:
 def _failure_message(output: OutputCheck) -> str:
     e, tol = output.errors, output.tolerance
     if e.new_nonfinite:
-        return f"{e.new_nonfinite} NaN/Inf values that the float32 model does not have"
+        return f"{e.new_nonfinite} NaN/Inf values that the float32 model does not have ({output.run})"
     return (f"{tol.metric} beyond rtol={tol.rtol:g} atol={tol.atol:g}: max abs {e.max_abs:.3g}, "
-            f"max rel {e.max_rel:.3g}, rel L2 {e.rel_l2:.3g}, cosine {e.cosine:.6f}")
+            f"max rel {e.max_rel:.3g}, rel L2 {e.rel_l2:.3g}, cosine {e.cosine:.6f} ({output.run})")
