@@ -199,6 +199,10 @@ def test_check_judges_the_mixed_model_as_onnxruntime_deploys_it(tmp_path) -> Non
     np.savez(tmp_path / "d.npz", **data)
     command = ["check", str(tmp_path / "m.onnx"), str(tmp_path / "low.onnx"), "--inputs", str(tmp_path / "d.npz")]
     assert main(command) == 1 and main([*command, "--no-deployed"]) == 0
+    _, report = amp_rewrite.convert(m, policy="all-low", range_check="off", validate=[data])
+    validation = report.validation
+    assert not validation.passed and validation.rounds == 1 and validation.deployed == "compared"
+    assert validation.outputs[0].run == "as deployed" and "(as deployed)" in validation.summary()
 
 
 def test_a_deployed_run_that_crashes_leaves_the_emulated_verdict(monkeypatch) -> None:
@@ -270,7 +274,8 @@ def test_validate_moves_the_blamed_nodes_to_fp32_in_a_few_runs() -> None:
     m, data = builders.cancellation()
     mixed, report = amp_rewrite.convert(m, policy="all-low", validate=[data])
     validation = report.validation
-    assert validation.passed and validation.rounds == 3 and validation.runs == 4
+    assert validation.passed and validation.rounds == 3 and validation.runs == 5  # the last round as deployed too
+    assert validation.deployed == "compared" and validation.sessions == 5
     assert set(validation.kept_fp32) == {"shift", "unshift"}
     assert check(m, mixed, inputs=[data])
     assert report.low_nodes == 1  # the MatMul

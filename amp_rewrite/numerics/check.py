@@ -183,22 +183,31 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     if deployed and not emulate:
         result.deployed, result.outputs = "compared", [replace(o, run=DEPLOYED) for o in outputs]
     elif deployed:
-        try:
-            as_deployed = run_model(mixed, mixed_dir, provider, data, what="mixed model as deployed",
-                                    optimize=DEPLOYED_OPTIMIZATION).results
-        except UserError as exc:  # ONNX Runtime's CPU provider crashes on some float16 graphs that CUDA runs
-            result.deployed = f"did not run: {exc}"
-        else:
-            result.deployed, result.runs = "compared", 3 * len(data)
-            judged = compare_outputs(expected, as_deployed, names, tolerance or Tolerance(), tolerances or {})
-            result.outputs = [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)]
-            result.passed = all(o.passed for o in result.outputs)
+        result.outputs, result.deployed = judged_as_deployed(outputs, mixed, mixed_dir, provider, data, expected,
+                                                             tolerance or Tolerance(), tolerances or {})
+        result.runs += len(data) if result.deployed == "compared" else 0
+        result.passed = all(o.passed for o in result.outputs)
     if not result.passed and localize_failures and not all(o.passed for o in outputs):
         worst = next(o.sample for o in outputs if not o.passed)
         result.suspects = localize(mixed, expected[worst], observed[worst])
         result.fix = fix_flags(result.suspects)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_dir: str | None, provider: str,
+                       data: Sequence[Sample], expected: list[dict], tolerance: Tolerance,
+                       tolerances: Mapping[str, Tolerance]) -> tuple[list[OutputCheck], str]:
+    """``outputs`` (judged on the emulated run) judged again by the worse of that run and one of
+    ``mixed`` as deployed (ONNX Runtime's default graph optimizations), and what became of that
+    run: ``compared``, or ``did not run: ...`` (then ``outputs`` stand)."""
+    try:
+        as_deployed = run_model(mixed, base_dir, provider, data, what="mixed model as deployed",
+                                optimize=DEPLOYED_OPTIMIZATION).results
+    except UserError as exc:  # ONNX Runtime's CPU provider crashes on some float16 graphs that CUDA runs
+        return outputs, f"did not run: {exc}"
+    judged = compare_outputs(expected, as_deployed, [o.name for o in outputs], tolerance, tolerances)
+    return [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)], "compared"
 
 
 def _worse(emulated_check: OutputCheck, deployed_check: OutputCheck) -> OutputCheck:

@@ -20,7 +20,15 @@ import onnx
 
 from amp_rewrite.ir import io
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
-from amp_rewrite.numerics.check import DEFAULT_PROVIDER, OutputCheck, compare_outputs, culprits, run_model
+from amp_rewrite.numerics.check import (
+    DEFAULT_PROVIDER,
+    DEPLOYED,
+    OutputCheck,
+    compare_outputs,
+    culprits,
+    judged_as_deployed,
+    run_model,
+)
 from amp_rewrite.numerics.localize import localize
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -38,6 +46,9 @@ class Validation:
     kept_fp32: dict[str, str] = field(default_factory=dict)
     """Nodes that validation moved to float32, with the evidence."""
     outputs: list[OutputCheck] = field(default_factory=list)
+    deployed: str = "not run"
+    """The last round's run as deployed (``numerics.check.judged_as_deployed``): ``compared``,
+    ``did not run: ...``, or ``not run`` (the emulated run failed)."""
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
@@ -45,7 +56,10 @@ class Validation:
                  f"model runs in {self.sessions} sessions; {len(self.kept_fp32)} nodes moved to float32"]
         lines += [f"  kept float32: {node}: {why}" for node, why in self.kept_fp32.items()]
         lines += [f"  output {o.name}: rel L2 {o.errors.rel_l2:.3g}, max abs {o.errors.max_abs:.3g}"
-                  f"{'' if o.passed else ' (out of tolerance)'}" for o in self.outputs]
+                  f"{'' if o.passed else ' (out of tolerance)'}{' (as deployed)' if o.run == DEPLOYED else ''}"
+                  for o in self.outputs]
+        if self.deployed.startswith("did not run"):
+            lines.append(f"  as deployed: {self.deployed}")
         return "\n".join(lines)
 
 
@@ -73,13 +87,19 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
             runnable, runnable_dir = _runnable(mixed, base_dir, scratch)
             observed = run_model(runnable, runnable_dir, DEFAULT_PROVIDER, data, emulate=True, watch=top,
                                  what="mixed model").results
-        validation.runs += len(data)
-        validation.sessions += 1
-        validation.outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output],
-                                             options.tolerance, options.tolerances)
+            validation.runs += len(data)
+            validation.sessions += 1
+            validation.outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output],
+                                                 options.tolerance, options.tolerances)
+            if all(o.passed for o in validation.outputs):  # the last round: judged as deployed too
+                validation.outputs, validation.deployed = judged_as_deployed(
+                    validation.outputs, runnable, runnable_dir, DEFAULT_PROVIDER, data, expected, options.tolerance,
+                    options.tolerances)
+                validation.runs += len(data) if validation.deployed == "compared" else 0
+                validation.sessions += validation.deployed == "compared"
         validation.passed = all(o.passed for o in validation.outputs)
-        if validation.passed or validation.rounds >= options.max_rounds:
-            break
+        if validation.passed or validation.rounds >= options.max_rounds or validation.deployed == "compared":
+            break  # what fails only as deployed, localization on the emulated run cannot blame
         worst = next(o.sample for o in validation.outputs if not o.passed)
         blamed = [s for s in culprits(localize(mixed, expected[worst], observed[worst])) if s.node not in kept]
         if not blamed:
