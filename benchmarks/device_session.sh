@@ -11,6 +11,10 @@
 #   benchmarks/device_session.sh fuzz      # instead of train: the fuzz cases of gpu_fuzz.py prepare (carried
 #                                          # as benchmarks/work/gpu_fuzz; or CASES, a folder of cases such as
 #                                          # torch_exports.py cases writes) run on CUDA, NaN/Inf and error counted
+#   benchmarks/device_session.sh exports   # instead of train: exports BERT, GPT, Llama and T5 at BERT-base's shape
+#                                          # (torch_exports.py export --size base; EXPORTS narrows them), converts
+#                                          # each with amp-rewrite and the ORT float16 script, times all three on
+#                                          # CUDA (amp-rewrite bench, batch 32, sequence 128)
 #   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
 #   benchmarks/device_session.sh run CMD   # any command (a diagnosis) with onnxruntime-gpu set up by train
 #
@@ -57,7 +61,7 @@ prepare)
     | grep -v -i "warn" | tee "$res/prepare.log" | tail -20
   du -sh /tmp/gpuwork
   ;;
-train|fuzz)
+train|fuzz|exports)
   cat /tmp/parts/part.* > /tmp/ort.tar.xz && sha256sum /tmp/ort.tar.xz | tee -a "$res/gpu.txt"
   mkdir -p /tmp/ortgpu && tar -xJf /tmp/ort.tar.xz -C /tmp/ortgpu && export PYTHONPATH=/tmp/ortgpu:/tmp/site:$PWD
   python3 - <<'EOF' 2>&1 | tee -a "$res/gpu.txt"
@@ -73,7 +77,21 @@ a = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float16)
 got = s.run(None, {"a": a, "b": a})[0]
 print("smoke: providers", s.get_providers(), "max error", float(np.abs(got.astype(np.float32) - a.astype(np.float32) @ a.astype(np.float32)).max()))
 EOF
-  if [ "$stage" = fuzz ]; then
+  if [ "$stage" = exports ]; then
+    python3 benchmarks/torch_exports.py export --size base --only ${EXPORTS:-bert gpt llama t5} --out /tmp/exports \
+      2>&1 | grep "^exported\|^not exported"
+    for model in /tmp/exports/*_op17.onnx; do
+      stem=$(basename "${model%.onnx}")
+      python3 -m amp_rewrite convert "$model" -o "/tmp/exports/$stem.amp.onnx" --quiet --report "$res/$stem.convert.json"
+      python3 benchmarks/peer_convert.py ort "$model" "/tmp/exports/$stem.ort.onnx"
+      timeout 200 python3 -m amp_rewrite bench "$model" "/tmp/exports/$stem.amp.onnx" "/tmp/exports/$stem.ort.onnx" \
+        --provider CUDAExecutionProvider --random 1 --shape ids:32x128 --runs 200 --report "$res/$stem.bench.json" \
+        > "$res/$stem.bench.txt" 2>&1
+      python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+for m in r["models"]: print(sys.argv[2], m["label"], "median %.3f p10 %.3f p90 %.3f speed-up %.2f device MiB %s" % (m["median_ms"], m["p10_ms"], m["p90_ms"], m["speedup"], m["device_memory_mib"]))
+print(sys.argv[2], "failed", r["failed"])' "$res/$stem.bench.json" "$stem" || tail -3 "$res/$stem.bench.txt"
+    done
+  elif [ "$stage" = fuzz ]; then
     timeout "${FUZZ_SECONDS:-300}" python3 benchmarks/gpu_fuzz.py run --cases "${CASES:-benchmarks/work/gpu_fuzz}" ${FUZZ_ARGS:-} \
       --out "$res/gpu_fuzz.json" 2>&1 | grep -v -i "warn" | tail -40
   else

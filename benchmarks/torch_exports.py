@@ -29,27 +29,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, WIDTH, HEADS, LAYERS = 100, 64, 4, 2
+SIZES = {"tiny": (VOCAB, WIDTH, HEADS, LAYERS, 64),
+         "base": (32000, 768, 12, 12, 512)}
+"""Vocabulary, width, heads, layers and positions of the text models by ``export --size``:
+tiny for the suite, base (BERT-base's shape, a Llama vocabulary) for timing on a GPU."""
 BATCH_ONLY = ("x", "t")
 HF_BATCH_ONLY = ("pixel_values", "input_features")
 """Hugging Face inputs whose only dynamic dimension is the batch."""
 """Inputs whose only dynamic dimension is the batch (images, timesteps); the others have a sequence too."""
 
 
-def export(out: Path, only: list[str]) -> None:
+def export(out: Path, only: list[str], size: str = "tiny") -> None:
+    """The models written here; at ``size`` base, through the TorchScript exporter at opset 17 only."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
     from torch.export import Dim
 
     torch.manual_seed(0)
-    V, D, H, L = VOCAB, WIDTH, HEADS, LAYERS
+    V, D, H, L, P = SIZES[size]
 
     class Bert(nn.Module):
         """nn.TransformerEncoder (post-norm, GELU) after token and position embeddings."""
 
         def __init__(self):
             super().__init__()
-            self.tok, self.pos, self.ln = nn.Embedding(V, D), nn.Embedding(64, D), nn.LayerNorm(D)
+            self.tok, self.pos, self.ln = nn.Embedding(V, D), nn.Embedding(P, D), nn.LayerNorm(D)
             layer = nn.TransformerEncoderLayer(D, H, 4 * D, dropout=0.0, activation="gelu", batch_first=True)
             self.enc = nn.TransformerEncoder(layer, L, enable_nested_tensor=False)
             self.head = nn.Linear(D, 2)
@@ -79,7 +84,7 @@ def export(out: Path, only: list[str]) -> None:
 
         def __init__(self):
             super().__init__()
-            self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(64, D)
+            self.tok, self.pos = nn.Embedding(V, D), nn.Embedding(P, D)
             self.blocks = nn.ModuleList([block(ln1=ManualNorm(D), qkv=nn.Linear(D, 3 * D), proj=nn.Linear(D, D),
                                                ln2=ManualNorm(D), fc=nn.Linear(D, 4 * D), out=nn.Linear(4 * D, D))
                                          for _ in range(L)])
@@ -326,6 +331,7 @@ def export(out: Path, only: list[str]) -> None:
         ways = {f"op{opset}": dict(dynamic_axes=axes, opset_version=opset, dynamo=False) for opset in (14, 17)}
         ways["op17functions"] = dict(ways["op17"], export_modules_as_functions=True)  # each module a local function
         ways["dynamo18"] = dict(dynamic_shapes=shapes, opset_version=18, dynamo=True, external_data=False)
+        ways = ways if size == "tiny" else {"op17": ways["op17"]}
         _export(torch, model, args, names, out, name,
                 {way: dict(kwargs, output_names=["out"]) for way, kwargs in ways.items()})
         print("exported", name, flush=True)
@@ -615,6 +621,8 @@ def main() -> None:
         if step == "export":
             sub.add_argument("--hf", action="store_true",
                              help="Hugging Face transformers' architectures instead (transformers installed)")
+            sub.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                             help="the models written here: tiny (the suite) or base (BERT-base's shape, opset 17)")
             sub.add_argument("--full-size", action="store_true",
                              help="with --hf: BERT-base and GPT-2 small at their real sizes, for `time`")
     args = parser.parse_args()
@@ -628,7 +636,7 @@ def main() -> None:
     elif args.hf:
         export_hf(args.out, args.only, args.full_size)
     else:
-        export(args.out, args.only)
+        export(args.out, args.only, args.size)
 
 if __name__ == "__main__":
     main()
