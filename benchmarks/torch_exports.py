@@ -308,8 +308,9 @@ def export(out: Path, only: list[str], size: str = "tiny") -> None:
                 x = x + blk["out"](F.gelu(blk["fc"](blk["ln2"](x))))
             return (self.head(self.lnf(x)), *presents)
 
-    ids = (torch.randint(0, V, (2, 16)),)
-    ones = torch.ones(2, 16, dtype=torch.long)
+    example = (2, 16) if size == "tiny" else (32, 128)  # nn.TransformerEncoder's export keeps the example's batch
+    ids = (torch.randint(0, V, example),)
+    ones = torch.ones(*example, dtype=torch.long)
     cache = tuple(torch.randn(2, H, 5, D // H) for _ in range(2 * L))
     models = {"bert": (Bert(), (ids[0], ones), ["ids", "mask"]),
               "gpt": (GPT(), ids, ["ids"]), "llama": (Llama(), ids, ["ids"]),

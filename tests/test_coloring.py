@@ -263,6 +263,61 @@ def test_range_check_keeps_overflowing_values_fp32_with_the_measured_figure():
     assert report.range_check.startswith("measured")
 
 
+def _tanh_gelu(scale: float) -> onnx.ModelProto:
+    """GPT-2's tanh GELU as exporters write it (a Pow of 3), between two MatMuls; the first
+    MatMul's weights scaled by ``scale``."""
+    r = rng(0)
+    return model("""(float[4,64] x) => (float[4,64] y) {
+      [fc] h = MatMul(x, w)
+      [cube] c = Pow(h, three)
+      [coef] kc = Mul(c, k)
+      [inner] s = Add(h, kc)
+      [scale] t = Mul(s, sq)
+      [tanh] th = Tanh(t)
+      [one] o = Add(th, one)
+      [half] hh = Mul(h, half)
+      [gate] g = Mul(hh, o)
+      [proj] y = MatMul(g, w2)
+    }""", {"w": (scale * r.standard_normal((64, 64)) / 8).astype(np.float32),
+           "w2": (r.standard_normal((64, 64)) / 8).astype(np.float32), "three": np.array(3.0, np.float32),
+           "k": np.array(0.044715, np.float32), "sq": np.array(0.7978845608, np.float32),
+           "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)})
+
+
+def test_a_power_runs_low_where_the_range_check_measures_it_within_range():
+    """A Pow is deny for its range alone: measured within range, a tanh GELU runs low whole
+    (no float32 island, no casts: ONNX Runtime can fuse it into FastGelu on CUDA); measured
+    beyond it, the Pow and its readers stay float32; with nothing measured, deny as before."""
+    m = _tanh_gelu(1.0)
+    data = {"x": rng(1).standard_normal((4, 64)).astype(np.float32)}
+    out, report = convert(m, inputs=[data])
+    assert set(colors(out).values()) == {"low"} and cast_count(out) == 2
+    decisions = {d.node: d for d in report.decisions}
+    assert decisions["cube"].op_class == "infer" and decisions["cube"].precision == "low"
+    want, got = run(m, **data)[0], run(out, **data)[0]  # the reference evaluator computes in float16
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+    off = convert(m, range_check="off")[0]
+    assert {n for n, c in colors(off).items() if c == "fp32"} == {"cube", "coef", "inner", "scale", "tanh", "one",
+                                                                  "half", "gate"}
+    big = convert(_tanh_gelu(40.0), inputs=[data])[1]
+    kept = {d.node: d.reason for d in big.decisions if d.precision == "fp32"}
+    assert "cube" in kept and "beyond 4094" in kept["cube"], kept
+
+
+def test_a_power_the_range_check_could_not_measure_stays_deny(monkeypatch):
+    def cannot_run(*args, **kwargs):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(measure_ranges, "_measure_every_value", cannot_run)
+    monkeypatch.setattr(measure_ranges, "_measure", cannot_run)
+    out, report = convert(_tanh_gelu(1.0))
+    assert report.range_check.startswith("NOT RUN")
+    decisions = {d.node: d for d in report.decisions}
+    assert decisions["cube"].precision == "fp32" and "the range check measured nothing" in decisions["cube"].reason
+    assert colors(out)["tanh"] == "fp32" and "downstream of deny node" in decisions["tanh"].reason
+
+
 def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     """The measurement starts before the analysis, in a child process, and is not run again."""
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",

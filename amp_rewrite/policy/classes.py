@@ -17,13 +17,16 @@ class OpClass:
 class Policy:
     """Answers "which class is this op, and why" for one provider and policy mode."""
 
-    def __init__(self, provider: str | None, mode: str = "default") -> None:
+    def __init__(self, provider: str | None, mode: str = "default", measured: bool = False) -> None:
+        """``measured``: the range check measures the model's values (``MEASURED_CLASSES`` apply)."""
         oplists.check_disjoint()
         self.mode = mode
         self._classes: dict[OpKey, OpClass] = {
             key: OpClass(cls, reason) for cls, ops in oplists.OP_CLASSES.items() for key, reason in ops.items()
         }
-        for key, (cls, reason) in oplists.PROVIDER_CLASSES.get(provider or "", {}).items():
+        refinements = {**oplists.PROVIDER_CLASSES.get(provider or "", {}),
+                       **(oplists.MEASURED_CLASSES if measured else {})}
+        for key, (cls, reason) in refinements.items():
             self._classes[key] = OpClass(cls, reason)
 
     def classify(self, domain: str, op_type: str) -> OpClass | None:

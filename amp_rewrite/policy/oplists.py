@@ -135,6 +135,16 @@ PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, tuple[str, str]]
     }),
 })
 
+# Deny ops whose only risk is range: where the range check measures their values (on
+# generated inputs or calibration data), they become ``infer`` and run low wherever their
+# neighbours do; MeasureRanges keeps one float32 where its measured values leave the low
+# type's range, or where they were not measured. Without a measurement they stay deny.
+MEASURED_CLASSES: MappingProxyType[OpKey, tuple[str, str]] = MappingProxyType({
+    key: (INFER, "power whose values the range check measures: low where they stay within range "
+                 "(a tanh GELU's cube, a written-out norm's square)")
+    for key in _group("", "Pow", "Reciprocal")
+})
+
 # Type parameters that stay float32 even where the schema allows low precision.
 # Keyed by op: {type parameter: reason}.
 KEEP_FP32_TYPE_PARAMS: MappingProxyType[OpKey, dict[str, str]] = MappingProxyType({

@@ -66,7 +66,8 @@ class Analysis:
     costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
-        self.policy = Policy(self.options.provider, self.options.policy)
+        self.policy = Policy(self.options.provider, self.options.policy,
+                             measured=self.measuring is not None or self.measured is not None)
 
     @property
     def precision(self) -> Precision:

@@ -15,7 +15,7 @@ from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
-from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
+from amp_rewrite.policy.oplists import DENY, INFER, MEASURED_CLASSES, OP_CLASSES, SAME_ELEMENTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -48,8 +48,10 @@ class MeasureRanges:
     where a reader turns zero into inf or NaN (``ZERO_SINGULAR_INPUTS``: log, divisor): a
     subnormal keeps few significant bits, and rounding upstream flushes one that the float32
     run left just above the flush threshold; such nodes
-    are fixed float32 (SAFETY) with the measured figure as reason. When nothing could be
-    measured, the report says so prominently (``--range-check on``: an error).
+    are fixed float32 (SAFETY) with the measured figure as reason. A node that the measurement
+    made infer (``MEASURED_CLASSES``: a Pow) whose output was not measured is fixed float32 too;
+    when nothing could be measured, such nodes are deny again, and the report says so
+    prominently (``--range-check on``: an error).
 
     The measurement starts before the analysis (``start``, in a child process beside it) and
     takes in every float value: which values may run low is known only when the coloring is
@@ -135,6 +137,11 @@ class MeasureRanges:
         return True
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
+        for node_id in {v.producer[0] for v in watched if _lifted_producer(analysis, v) is not None}:
+            node, decision = analysis.index.nodes[node_id], analysis.coloring.decisions[node_id]
+            decision.op_class = DENY  # as the policy has it without a measurement; PropagateDeny follows
+            analysis.coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} "
+                                  "(the range check measured nothing)", Priority.POLICY)
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
         analysis.range_check = f"NOT RUN: {why}"
@@ -199,6 +206,8 @@ def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey,
     for value in watched:
         stats = measured.get(value.key if sources is None else sources.get(value.key, value.key))
         if stats is None:
+            if (unmeasured := _lifted_producer(analysis, value)) is not None:
+                verdicts.append((value, f"value {value.name!r} of {unmeasured} was not measured on {source}"))
             continue
         count += 1
         if stats.max_abs <= limit and not stats.subnormal:  # the commonest (``small`` counts among subnormal)
@@ -216,6 +225,19 @@ def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey,
                                     f"{analysis.precision.smallest_normal:.3g}; {stats.small} flush to zero), "
                                     f"and {singular} turns a zero into inf or NaN"))
     return count, verdicts
+
+
+def _lifted_producer(analysis: Analysis, value: Value) -> str | None:
+    """The op and name (``Pow '/Pow_4'``) of the node that computes ``value`` where the range
+    check's measurement made it infer (``MEASURED_CLASSES``), so it may run low only as measured."""
+    if value.producer is None:
+        return None
+    node = analysis.index.nodes[value.producer[0]]
+    key = op_key(node.domain, node.op_type)
+    decision = analysis.coloring.decisions.get(value.producer[0])
+    if key not in MEASURED_CLASSES or decision is None or decision.op_class != INFER:
+        return None
+    return f"{node.op_type} {node.label!r}"
 
 
 def _measured_line(analysis: Analysis, count: int, source: str, over: int) -> str:
