@@ -24,6 +24,22 @@ def model(text: str, initializers: dict[str, np.ndarray] | None = None, opset: i
     return m
 
 
+def rms_norm(i: int, x: str, y: str, eps: float = 1e-6) -> str:
+    """ONNX text of a Llama-style RMSNorm of ``x`` into ``y`` as exporters write it (its epsilon
+    a Constant node, the weight ``w``), its nodes named ``square{i}``, ``mean{i}``, ``eps_add{i}``..."""
+    return f"""
+      two{i} = Constant<value = float {{2.0}}>()
+      eps{i} = Constant<value = float {{{eps!r}}}>()
+      one{i} = Constant<value = float {{1.0}}>()
+      [square{i}] p{i} = Pow({x}, two{i})
+      [mean{i}] m{i} = ReduceMean<axes=[-1]>(p{i})
+      [eps_add{i}] a{i} = Add(m{i}, eps{i})
+      [sqrt{i}] s{i} = Sqrt(a{i})
+      [inverse{i}] r{i} = Div(one{i}, s{i})
+      [scale{i}] n{i} = Mul({x}, r{i})
+      [weight{i}] {y} = Mul(w, n{i})"""
+
+
 def colors(converted: onnx.ModelProto) -> dict[str, str]:
     """'low' or 'fp32' for each named non-Cast node (``[name] out = Op(...)`` in ONNX
     text), from the strictly inferred type of its first output."""

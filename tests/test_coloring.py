@@ -9,10 +9,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from amp_rewrite import ConvertOptions, UserError, analyze, convert
+from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
 from amp_rewrite.rewrite.passes import MeasureRanges, measure_ranges
 from amp_rewrite.runtime.emulate import emulated
-from tests.helpers import cast_count, colors, model, rng, run
+from tests.helpers import cast_count, colors, model, rms_norm, rng, run
 
 W = {"w": rng().standard_normal((4, 4)).astype(np.float32), "w2": rng(1).standard_normal((4, 4)).astype(np.float32)}
 
@@ -316,6 +316,52 @@ def test_a_power_the_range_check_could_not_measure_stays_deny(monkeypatch):
     decisions = {d.node: d for d in report.decisions}
     assert decisions["cube"].precision == "fp32" and "the range check measured nothing" in decisions["cube"].reason
     assert colors(out)["tanh"] == "fp32" and "downstream of deny node" in decisions["tanh"].reason
+
+
+def _two_rms_norms(eps: float) -> onnx.ModelProto:
+    return model("(float[4,64] x) => (float[4,64] y) {" + rms_norm(0, "x", "y0", eps) + "\n [between] z = Mul(y0, k)"
+                 + rms_norm(1, "z", "y", eps) + "\n}", {"w": np.ones(64, np.float32), "k": np.array(0.005, np.float32)})
+
+
+def test_a_power_that_a_deny_op_reads_stays_deny():
+    """An RMSNorm's square feeds the ReduceMean of its variance: measured or not, it stays
+    float32 (an overflow on unseen data would collapse the statistic)."""
+    out, report = convert(_two_rms_norms(1e-6))
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert colors(out)["square0"] == "fp32" and "read by deny ReduceMean 'mean0'" in reasons["square0"]
+
+
+@pytest.mark.parametrize("eps, kept", [(1e-6, True), (1e-5, False)])
+def test_a_written_out_rms_norm_adds_its_epsilon_in_float32_where_onnxruntime_would_lose_it(eps, kept):
+    """All low (as the peers convert), ONNX Runtime 1.31 fuses these RMSNorms with epsilon 1e-5
+    (it shares their equal epsilons first): 18% off with the model's 1e-6. The epsilon's Add
+    stays float32 unless the epsilon is that one; the rest of the norm runs low."""
+    m = _two_rms_norms(eps)
+    data = {"x": rng(2).normal(0, 0.005, (4, 64)).astype(np.float32)}
+    out, report = convert(m, policy="all-low", range_check="off")
+    found = colors(out)
+    assert (found["eps_add0"] == "fp32") is kept and (found["eps_add1"] == "fp32") is kept
+    assert found["square0"] == found["mean0"] == found["scale1"] == "low"
+    if kept:
+        reasons = {d.node: d.reason for d in report.decisions}
+        assert "written-out RMSNorm" in reasons["eps_add0"]
+    result = check(m, out, inputs=[data])
+    assert result and result.deployed == "compared", result.table()
+
+
+def test_a_mean_centred_square_is_a_layer_norm_whose_epsilon_runs_low():
+    m = model("""(float[4,64] x) => (float[4,64] y) {
+      eps = Constant<value = float {1e-6}>()
+      two = Constant<value = float {2.0}>()
+      [mu] mu = ReduceMean<axes=[-1]>(x)
+      [centre] d = Sub(x, mu)
+      [square] p = Pow(d, two)
+      [var] v = ReduceMean<axes=[-1]>(p)
+      [eps_add] a = Add(v, eps)
+      [sqrt] s = Sqrt(a)
+      [norm] y = Div(d, s)
+    }""")
+    assert colors(convert(m, policy="all-low", range_check="off")[0])["eps_add"] == "low"
 
 
 def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):

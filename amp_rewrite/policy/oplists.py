@@ -128,17 +128,19 @@ OP_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, str]] = MappingProxyTy
 # (memory-bound ops gain nothing from casts added just for them).
 PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, tuple[str, str]]] = MappingProxyType({
     "CUDAExecutionProvider": MappingProxyType({
-        key: (INFER, f"CUDA's low-precision {key[1]} kernel accumulates in float32, so it is safe there")
-        for key in _group("", "LayerNormalization", "SimplifiedLayerNormalization", "InstanceNormalization",
-                          "Softmax", "LogSoftmax",
-                          ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm"))
+        **{key: (INFER, f"CUDA's low-precision {key[1]} kernel accumulates in float32, so it is safe there")
+           for key in _group("", "LayerNormalization", "SimplifiedLayerNormalization", "InstanceNormalization",
+                             "Softmax", "LogSoftmax",
+                             ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm"))},
     }),
 })
 
 # Deny ops whose only risk is range: where the range check measures their values (on
 # generated inputs or calibration data), they become ``infer`` and run low wherever their
 # neighbours do; MeasureRanges keeps one float32 where its measured values leave the low
-# type's range, or where they were not measured. Without a measurement they stay deny.
+# type's range, or where they were not measured. Without a measurement they stay deny, and
+# so does one that a deny op reads (a norm's square, read by the ReduceMean of its variance:
+# there an overflow on data the measurement did not see would collapse the statistic).
 MEASURED_CLASSES: MappingProxyType[OpKey, tuple[str, str]] = MappingProxyType({
     key: (INFER, "power whose values the range check measures: low where they stay within range "
                  "(a tanh GELU's cube, a written-out norm's square)")

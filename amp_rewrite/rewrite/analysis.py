@@ -12,6 +12,7 @@ from onnx import TensorProto
 from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import InferredTypes
+from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.coloring import Color, Coloring
@@ -88,6 +89,12 @@ class Analysis:
             return False
         node = self.index.nodes[value.producer[0]]
         return node.op_type == "Constant" and node.domain == ""
+
+    def constant_of(self, value: Value) -> TensorProto | None:
+        """The tensor of an offline value (``is_offline``): its initializer or its Constant's."""
+        if value.source == INITIALIZER:
+            return self.index.initializers[value.key]
+        return constant_tensor(self.index.producer_node(value).proto)
 
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""

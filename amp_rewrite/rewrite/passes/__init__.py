@@ -11,6 +11,7 @@ from amp_rewrite.rewrite.passes.find_candidates import FindCandidates
 from amp_rewrite.rewrite.passes.infer_types import InferTypes
 from amp_rewrite.rewrite.passes.inline_functions import InlineFunctions
 from amp_rewrite.rewrite.passes.insert_casts import InsertCasts
+from amp_rewrite.rewrite.passes.keep_rms_epsilons import KeepRmsEpsilons
 from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
 from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
@@ -18,8 +19,8 @@ from amp_rewrite.rewrite.passes.propagate_deny import PropagateDeny
 from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 
 ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
-            PropagateDeny, ChooseMinCasts)
+            PropagateDeny, KeepRmsEpsilons, ChooseMinCasts)
 
 __all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InlineFunctions",
-           "InsertCasts", "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "PropagateDeny",
-           "SeparateNormCasts"]
+           "InsertCasts", "KeepRmsEpsilons", "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges",
+           "PropagateDeny", "SeparateNormCasts"]

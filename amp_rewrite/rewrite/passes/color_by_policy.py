@@ -6,7 +6,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import node_key
 from amp_rewrite.policy.classes import OpClass
 from amp_rewrite.policy.kernels import kernel_table
-from amp_rewrite.policy.oplists import ALLOW, DENY
+from amp_rewrite.policy.oplists import ALLOW, DENY, INFER, MEASURED_CLASSES, OP_CLASSES, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import matches_node
@@ -17,7 +17,8 @@ class ColorByPolicy:
     nodes the provider has no low-precision kernel for, or whose kernel refuses their
     attributes (``REFUSED_ATTRIBUTES``), are fixed float32 (SAFETY),
     allow ops are fixed low and deny and unknown ops float32 (POLICY); infer and clear
-    ops stay free.
+    ops stay free, but an op that only a measurement makes infer (``MEASURED_CLASSES``) and
+    that a deny op reads is deny.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -52,12 +53,30 @@ class ColorByPolicy:
                 coloring.fix(node_id, Color.LOW, f"allow: {op_class.reason}", Priority.POLICY)
             elif op_class.name == DENY:
                 coloring.fix(node_id, Color.FP32, f"deny: {op_class.reason}", Priority.POLICY)
+        self._deny_measured_ops_that_deny_ops_read(analysis)
         unknown.update(op for op in analysis.unknown_ops if "." in op)
         if unknown and options.unknown_ops == "error":
             raise UserError(f"ops not in the precision lists: {', '.join(sorted(unknown))} "
                             "(use --unknown-ops keep or warn, or --keep-fp32-op/--force-low-op)")
         if unknown and options.unknown_ops == "warn":
             analysis.notes.append(f"warning: ops not in the precision lists kept float32: {', '.join(sorted(unknown))}")
+
+    def _deny_measured_ops_that_deny_ops_read(self, analysis: Analysis) -> None:
+        """An op that a measurement made infer (``MEASURED_CLASSES``) and a deny op reads is deny:
+        a norm's square feeds the ReduceMean of its variance, and an overflow there on data the
+        range check did not see would collapse the statistic."""
+        coloring, nodes = analysis.coloring, analysis.index.nodes
+        for node_id, decision in coloring.decisions.items():
+            node = nodes[node_id]
+            if decision.op_class != INFER or op_key(node.domain, node.op_type) not in MEASURED_CLASSES:
+                continue
+            outputs = (value for is_input, _, value in analysis.slot_values(node_id) if not is_input)
+            reader = next((nodes[r] for value in outputs for r, _ in analysis.slot_readers(value)
+                           if coloring.decisions[r].op_class == DENY), None)
+            if reader is not None:
+                decision.op_class = DENY
+                coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} "
+                             f"(read by deny {reader.op_type} {reader.label!r})", Priority.POLICY)
 
     def _user(self, analysis: Analysis, node_id: int) -> None:
         options, node = analysis.options, analysis.index.nodes[node_id]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import onnx
-
 from amp_rewrite.ir.graph import INITIALIZER
 from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
 from amp_rewrite.rewrite.analysis import Analysis
@@ -28,7 +26,7 @@ class KeepUnfitConstants:
             readers = [(n, i) for n, i in analysis.slot_readers(value) if decisions[n].color is not Color.FP32]
             if readers:
                 pending.append((value, readers))
-        tensors = (_tensor_of(analysis, value) for value, _ in pending)
+        tensors = (analysis.constant_of(value) for value, _ in pending)
         for (value, readers), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
                                                                 options.underflow_share)):
             problem = fit.problem
@@ -51,10 +49,3 @@ class KeepUnfitConstants:
                 if fit is not None and fit.problem and analysis.coloring.fix(
                         node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
                     analysis.unfit_readers.add(node_id)
-
-
-def _tensor_of(analysis: Analysis, value) -> onnx.TensorProto:
-    if value.source == INITIALIZER:
-        return analysis.index.initializers[value.key]
-    return constant_tensor(analysis.index.producer_node(value).proto)
-

@@ -1,0 +1,78 @@
+"""KeepRmsEpsilons: a written-out RMSNorm adds its epsilon in float32 where ONNX Runtime would lose it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from amp_rewrite.ir.graph import Node
+from amp_rewrite.ir.tensors import read_array
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+
+FUSED_EPSILON = 1e-5
+"""The epsilon ONNX Runtime's SimplifiedLayerNormFusion gives a float16 RMSNorm whose epsilon
+constant it cannot read (1.31: once ConstantSharing has merged the model's equal epsilons)."""
+
+
+class KeepRmsEpsilons:
+    """Invariant: no candidate Add that adds a constant epsilon to the mean of a square
+    (``Pow(x, 2)`` or ``Mul(x, x)``) of an ``x`` that is not mean-centred, which is a written-out
+    RMSNorm (Llama, T5, Qwen2, Gemma), runs low when its epsilon differs in the low type from
+    FUSED_EPSILON (safety priority). ONNX Runtime 1.31 fuses such a low-precision RMSNorm with
+    epsilon 1e-5 once two of them share the constant (every layer has the same one): a model
+    with 1e-6 deviates 1% wherever the variance is small. With the Add float32 the pattern is
+    not fused, and the casts it costs are on the reduced ``[..., 1]`` tensors. A mean-centred
+    square is a LayerNorm, whose fusion reads its epsilon right. It runs after PropagateDeny:
+    by default the variance's ReduceMean is deny and the Add float32 already; this pass acts
+    where the Add would still run low (the all-low policy, the user's overrides).
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        index, coloring = analysis.index, analysis.coloring
+        fused = np.asarray(FUSED_EPSILON, analysis.precision.numpy_type)
+        for node_id, decision in coloring.decisions.items():
+            node = index.nodes[node_id]
+            if node.op_type != "Add" or node.domain != "" or decision.color is Color.FP32 or len(node.inputs) != 2:
+                continue
+            for epsilon_at in (0, 1):
+                epsilon = _scalar(analysis, node.inputs[epsilon_at])
+                if epsilon is None or not _is_mean_square(analysis, node.inputs[1 - epsilon_at]):
+                    continue
+                if np.asarray(epsilon, analysis.precision.numpy_type) != fused:
+                    coloring.fix(node_id, Color.FP32, f"the epsilon {epsilon:g} of a written-out RMSNorm: ONNX "
+                                 f"Runtime fuses a {analysis.precision.value} RMSNorm with epsilon {FUSED_EPSILON:g} "
+                                 "once its epsilons are shared", Priority.SAFETY)
+                break
+
+
+def _scalar(analysis: Analysis, key) -> float | None:
+    """The value of a one-element float constant at ``key``, or None."""
+    value = analysis.index.values.get(key) if key is not None else None
+    if value is None or not analysis.is_float(value) or not analysis.is_offline(value):
+        return None
+    tensor = analysis.constant_of(value)
+    if tensor is None or int(np.prod(tensor.dims)) != 1:
+        return None
+    return float(read_array(tensor, analysis.base_dir).reshape(-1)[0])
+
+
+def _producer(analysis: Analysis, key, op_type: str) -> Node | None:
+    value = analysis.index.values.get(key) if key is not None else None
+    node = analysis.index.producer_node(value) if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.domain == "" else None
+
+
+def _is_mean_square(analysis: Analysis, key) -> bool:
+    """Whether ``key`` is ReduceMean(x * x) or ReduceMean(Pow(x, 2)) of an x no Sub(_, ReduceMean) centred."""
+    mean = _producer(analysis, key, "ReduceMean")
+    if mean is None:
+        return False
+    square = _producer(analysis, mean.inputs[0], "Pow") or _producer(analysis, mean.inputs[0], "Mul")
+    if square is None or len(square.inputs) != 2:
+        return False
+    if square.op_type == "Pow" and _scalar(analysis, square.inputs[1]) != 2.0:
+        return False
+    if square.op_type == "Mul" and square.inputs[0] != square.inputs[1]:
+        return False
+    centred = _producer(analysis, square.inputs[0], "Sub")
+    return centred is None or _producer(analysis, centred.inputs[1], "ReduceMean") is None
