@@ -8,10 +8,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
 from amp_rewrite.rewrite.passes import MeasureRanges, measure_ranges
 from amp_rewrite.runtime.emulate import emulated
+from models import builders
 from tests.helpers import cast_count, colors, model, rms_norm, rng, run
 
 W = {"w": rng().standard_normal((4, 4)).astype(np.float32), "w2": rng(1).standard_normal((4, 4)).astype(np.float32)}
@@ -350,18 +352,10 @@ def test_a_written_out_rms_norm_adds_its_epsilon_in_float32_where_onnxruntime_wo
 
 
 def test_a_mean_centred_square_is_a_layer_norm_whose_epsilon_runs_low():
-    m = model("""(float[4,64] x) => (float[4,64] y) {
-      eps = Constant<value = float {1e-6}>()
-      two = Constant<value = float {2.0}>()
-      [mu] mu = ReduceMean<axes=[-1]>(x)
-      [centre] d = Sub(x, mu)
-      [square] p = Pow(d, two)
-      [var] v = ReduceMean<axes=[-1]>(p)
-      [eps_add] a = Add(v, eps)
-      [sqrt] s = Sqrt(a)
-      [norm] y = Div(d, s)
-    }""")
-    assert colors(convert(m, policy="all-low", range_check="off")[0])["eps_add"] == "low"
+    m, _ = builders.fragile_layer_norm()  # its square a Mul(d, d) of the centred d
+    eps = next(t for t in m.graph.initializer if t.name == "eps")
+    eps.CopyFrom(numpy_helper.from_array(np.array(1e-6, np.float32), "eps"))
+    assert colors(convert(m, policy="all-low", range_check="off")[0])["eps"] == "low"
 
 
 def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
