@@ -31,12 +31,16 @@ class KeepRmsEpsilons:
         index, coloring = analysis.index, analysis.coloring
         fused = np.asarray(FUSED_EPSILON, analysis.precision.numpy_type)
         for node_id, decision in coloring.decisions.items():
+            if decision.color is Color.FP32:
+                continue
             node = index.nodes[node_id]
-            if node.op_type != "Add" or node.domain != "" or decision.color is Color.FP32 or len(node.inputs) != 2:
+            if node.op_type != "Add" or node.domain != "" or len(node.inputs) != 2:
                 continue
             for epsilon_at in (0, 1):
+                if not _is_mean_square(analysis, node.inputs[1 - epsilon_at]):  # the cheaper test first
+                    continue
                 epsilon = _scalar(analysis, node.inputs[epsilon_at])
-                if epsilon is None or not _is_mean_square(analysis, node.inputs[1 - epsilon_at]):
+                if epsilon is None:
                     continue
                 if np.asarray(epsilon, analysis.precision.numpy_type) != fused:
                     coloring.fix(node_id, Color.FP32, f"the epsilon {epsilon:g} of a written-out RMSNorm: ONNX "
