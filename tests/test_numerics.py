@@ -23,6 +23,7 @@ from amp_rewrite import check
 from amp_rewrite.cli import main
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import emulated
+from amp_rewrite.runtime.isolate import NativeFailure
 from models import builders
 from tests.helpers import model, rms_norm, rng, run
 from tests.node_suite import emulation_ulps, float_cases
@@ -190,22 +191,35 @@ def test_check_judges_the_mixed_model_as_onnxruntime_deploys_it(tmp_path) -> Non
     assert validation.outputs[0].run == "as deployed" and "(as deployed)" in validation.summary()
 
 
-def test_a_deployed_run_that_crashes_leaves_the_emulated_verdict(monkeypatch) -> None:
+@pytest.mark.parametrize("failure, passes", [
+    (NativeFailure("onnxruntime (mixed model as deployed) crashed (signal SIGSEGV)"), True),
+    (RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Invalid model."), False),
+], ids=["crash", "refusal"])
+def test_a_deployed_run_that_crashes_leaves_the_emulated_verdict_and_a_refusal_fails(monkeypatch, failure,
+                                                                                      passes) -> None:
+    """ONNX Runtime's CPU provider crashes on some float16 graphs that CUDA runs: the emulated
+    verdict stands. A model ONNX Runtime refuses once its optimizations rewrote it cannot be
+    deployed at those settings on any provider: every output fails."""
     from amp_rewrite.numerics import check as numerics
 
     original_run = numerics.run_model
 
-    def crashing(model, base_dir, provider, data, emulate=False, watch=(), thresholds=None, what="model",
-                 optimize="none"):
+    def failing(model, base_dir, provider, data, emulate=False, watch=(), thresholds=None, what="model",
+                optimize="none"):
         if optimize != "none":
-            raise amp_rewrite.UserError("onnxruntime (mixed model as deployed) crashed (signal SIGSEGV)")
+            raise failure
         return original_run(model, base_dir, provider, data, emulate, watch, thresholds, what, optimize)
 
-    monkeypatch.setattr(numerics, "run_model", crashing)
+    monkeypatch.setattr(numerics, "run_model", failing)
     m = _layer_norm_model()
     result = check(m, amp_rewrite.convert(m)[0], inputs=[_layer_norm_data()])
-    assert result and result.deployed.startswith("did not run: onnxruntime (mixed model as deployed) crashed")
-    assert result.runs == 2 and "as deployed: did not run" in result.table()
+    assert bool(result) is passes and result.runs == 2
+    if passes:
+        assert result.deployed.startswith("did not run: onnxruntime (mixed model as deployed) crashed")
+        assert "as deployed: did not run" in result.table()
+    else:
+        assert result.deployed.startswith("refused: ONNX Runtime at its default optimizations: [ONNXRuntimeError]")
+        assert all(not o.passed and o.run == "as deployed" for o in result.outputs)
 
 
 def test_tolerance_per_output_and_metric() -> None:

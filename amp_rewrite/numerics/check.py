@@ -30,7 +30,7 @@ from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import Suspect, localize
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
-from amp_rewrite.runtime.isolate import isolated
+from amp_rewrite.runtime.isolate import NativeFailure, isolated
 from amp_rewrite.runtime.samples import Sample
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
@@ -200,12 +200,18 @@ def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_
                        tolerances: Mapping[str, Tolerance]) -> tuple[list[OutputCheck], str]:
     """``outputs`` (judged on the emulated run) judged again by the worse of that run and one of
     ``mixed`` as deployed (ONNX Runtime's default graph optimizations), and what became of that
-    run: ``compared``, or ``did not run: ...`` (then ``outputs`` stand)."""
+    run: ``compared``; ``did not run: ...`` where ONNX Runtime crashed (then ``outputs`` stand:
+    its CPU provider crashes on some float16 graphs that CUDA runs); or ``refused: ...`` where
+    ONNX Runtime refuses the model once its optimizations have rewritten it (then every output
+    fails: the model cannot be deployed at those settings)."""
     try:
         as_deployed = run_model(mixed, base_dir, provider, data, what="mixed model as deployed",
                                 optimize=DEPLOYED_OPTIMIZATION).results
-    except UserError as exc:  # ONNX Runtime's CPU provider crashes on some float16 graphs that CUDA runs
+    except NativeFailure as exc:
         return outputs, f"did not run: {exc}"
+    except Exception as exc:  # ONNX Runtime's error, whatever its class: the finding is that it refused
+        refused = f"refused: ONNX Runtime at its default optimizations: {str(exc).splitlines()[0][:300]}"
+        return [replace(o, passed=False, run=DEPLOYED) for o in outputs], refused
     judged = compare_outputs(expected, as_deployed, [o.name for o in outputs], tolerance, tolerances)
     return [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)], "compared"
 

@@ -58,7 +58,7 @@ class Validation:
         lines += [f"  output {o.name}: rel L2 {o.errors.rel_l2:.3g}, max abs {o.errors.max_abs:.3g}"
                   f"{'' if o.passed else ' (out of tolerance)'}{' (as deployed)' if o.run == DEPLOYED else ''}"
                   for o in self.outputs]
-        if self.deployed.startswith("did not run"):
+        if self.deployed not in ("compared", "not run"):
             lines.append(f"  as deployed: {self.deployed}")
         return "\n".join(lines)
 
@@ -98,7 +98,7 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
                 validation.runs += len(data) if validation.deployed == "compared" else 0
                 validation.sessions += validation.deployed == "compared"
         validation.passed = all(o.passed for o in validation.outputs)
-        if validation.passed or validation.rounds >= options.max_rounds or validation.deployed == "compared":
+        if validation.passed or validation.rounds >= options.max_rounds or validation.deployed != "not run":
             break  # what fails only as deployed, localization on the emulated run cannot blame
         worst = next(o.sample for o in validation.outputs if not o.passed)
         blamed = [s for s in culprits(localize(mixed, expected[worst], observed[worst])) if s.node not in kept]
