@@ -44,8 +44,10 @@ class OutputCheck:
     sample: int
     """The sample shown: the first that fails, else the one with the largest relative L2 error."""
     errors: Errors
-    run: str = "emulated"
-    """The run these figures come from: ``emulated`` or ``as deployed`` (DEPLOYED)."""
+    run: str = "unoptimized"
+    """The run these figures come from: the mixed model's run with ONNX Runtime's graph
+    optimizations off (emulated unless the provider runs float16 natively), or ``as
+    deployed`` (DEPLOYED)."""
 
 
 DEPLOYED = "as deployed"
@@ -81,7 +83,7 @@ class CheckResult:
         return json.dumps(asdict(self), indent=2, default=float)
 
     def table(self) -> str:
-        both = self.emulated and self.deployed == "compared"
+        both = self.deployed == "compared"
         head = ("output", "metric", "max abs", "mean abs", "max rel", "rel L2", "cosine", "new nan/inf", "top-1",
                 *(("worse run",) if both else ()), "result")
         rows = [(o.name, o.tolerance.metric, *(_num(getattr(o.errors, k)) for k in
@@ -95,7 +97,7 @@ class CheckResult:
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)]
         if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
             lines.append("fails only as deployed: ONNX Runtime's graph optimizations (a fusion) change the "
-                         "low-precision graph's numerics; the emulation of the unoptimized graph passes")
+                         "low-precision graph's numerics; the unoptimized graph's run passes")
         if self.suspects:
             lines.append("localization: nodes where the error first grows, most likely culprit first")
             lines += [f"  {i}. {s.op_type} {s.node!r}: {s.evidence}\n     ({s.op_class}; {s.reason or 'no decision'})"
@@ -109,7 +111,7 @@ class CheckResult:
             return ""
         if self.deployed != "compared":
             return f"; as deployed: {self.deployed}"
-        return f"{', and ' if self.emulated else ', '}as deployed (ONNX Runtime's default graph optimizations)"
+        return ", and as deployed (ONNX Runtime's default graph optimizations)"
 
     def to_junit(self) -> str:
         suite = ET.Element("testsuite", name="amp-rewrite check", tests=str(len(self.outputs)),
@@ -162,8 +164,7 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     """Compare ``mixed`` with ``original`` (paths or ModelProtos) on ``inputs`` (.npz paths or
     dicts of arrays) and/or ``random`` generated samples (one when no inputs are given).
     ``emulate`` None emulates unless ``provider`` runs float16 natively. ``deployed``: also run
-    the mixed model as ONNX Runtime runs it by default (graph optimizations on; without
-    emulation, the only run of the mixed model is that one)."""
+    the mixed model as ONNX Runtime runs it by default (graph optimizations on), natively."""
     started = time.perf_counter()
     original, original_dir = load_model(original)
     mixed, mixed_dir = load_model(mixed)
@@ -174,15 +175,12 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     watch = instrument.float_values(original, top_level=True) if localize_failures else ()
     expected = run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
-                         what="mixed model", optimize="none" if emulate or not deployed else DEPLOYED_OPTIMIZATION
-                         ).results
+                         what="mixed model").results
     names = [o.name for o in mixed.graph.output]
     outputs = compare_outputs(expected, observed, names, tolerance or Tolerance(), tolerances or {})
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
                          outputs, runs=2 * len(data))
-    if deployed and not emulate:
-        result.deployed, result.outputs = "compared", [replace(o, run=DEPLOYED) for o in outputs]
-    elif deployed:
+    if deployed:
         result.outputs, result.deployed = judged_as_deployed(outputs, mixed, mixed_dir, provider, data, expected,
                                                              tolerance or Tolerance(), tolerances or {})
         result.runs += len(data) if result.deployed == "compared" else 0
@@ -198,7 +196,7 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
 def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_dir: str | None, provider: str,
                        data: Sequence[Sample], expected: list[dict], tolerance: Tolerance,
                        tolerances: Mapping[str, Tolerance]) -> tuple[list[OutputCheck], str]:
-    """``outputs`` (judged on the emulated run) judged again by the worse of that run and one of
+    """``outputs`` (judged on the unoptimized run) judged again by the worse of that run and one of
     ``mixed`` as deployed (ONNX Runtime's default graph optimizations), and what became of that
     run: ``compared``; ``did not run: ...`` where ONNX Runtime crashed (then ``outputs`` stand:
     its CPU provider crashes on some float16 graphs that CUDA runs); or ``refused: ...`` where
