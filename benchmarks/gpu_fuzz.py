@@ -83,20 +83,24 @@ def _session(model: bytes, provider: str):
     return made
 
 
+def _outputs(model: bytes, feeds: dict, provider: str) -> list[np.ndarray]:
+    return [np.asarray(w) for w in _session(model, provider).run(None, feeds)]
+
+
 def _measured(models: dict[str, bytes], feeds: dict, provider: str, wants: list | None = None) -> dict:
     """Per model: its new non-finite output elements and the relative L2 error of its worst output
     against ``wants`` (by default float32's outputs, run first), or why it did not run."""
     results = {}
     if wants is None:
         try:
-            wants = [np.asarray(w) for w in _session(models["fp32"], provider).run(None, feeds)]
+            wants = _outputs(models["fp32"], feeds, provider)
         except Exception as exc:  # float32 itself does not run there: nothing to compare with
             return {"fp32": {"failed": str(exc).splitlines()[0][:300]}}
     for kind, model in models.items():
         if kind == "fp32":
             continue
         try:
-            gots = [np.asarray(got, np.float32) for got in _session(model, provider).run(None, feeds)]
+            gots = [got.astype(np.float32) for got in _outputs(model, feeds, provider)]
         except Exception as exc:  # a model the provider refuses is a finding too
             results[kind] = {"failed": str(exc).splitlines()[0][:300]}
             continue
@@ -132,8 +136,7 @@ def _each_alone(path: Path, provider: str) -> dict:
 
     head, models, feeds = _case(path)
     try:
-        wants = isolated(lambda progress: [np.asarray(w) for w in _session(models["fp32"], provider).run(None, feeds)],
-                         path.stem, timeout=CASE_SECONDS)
+        wants = isolated(lambda progress: _outputs(models["fp32"], feeds, provider), path.stem, timeout=CASE_SECONDS)
     except NativeFailure as exc:
         return {**head, "fp32": {"failed": f"crashed: {exc}"}}
     row = {**head, "elements": int(sum(w.size for w in wants))}

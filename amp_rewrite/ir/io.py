@@ -451,8 +451,6 @@ def _write_converted(tensor: onnx.TensorProto, source, source_type: int, sink) -
     sink.write(array.astype(target.numpy_type).tobytes())
 
 
-
-
 def _copy(source, length: int, sink) -> None:
     while length > 0:
         chunk = source.read(min(COPY_CHUNK, length))

@@ -70,7 +70,8 @@ class CheckResult:
     runs: int = 0
     seconds: float = 0.0
     deployed: str = "off"
-    """The run as deployed: ``compared``, ``off``, or why it did not run (``did not run: ...``)."""
+    """The run as deployed (``judged_as_deployed``): ``compared``, ``did not run: ...``,
+    ``refused: ...``, or ``off``."""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -214,11 +215,11 @@ def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_
     return [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)], "compared"
 
 
-def _worse(emulated_check: OutputCheck, deployed_check: OutputCheck) -> OutputCheck:
+def _worse(unoptimized: OutputCheck, deployed: OutputCheck) -> OutputCheck:
     """The run that judges an output: a failing one, else the larger relative L2 error."""
-    if emulated_check.passed != deployed_check.passed:
-        return deployed_check if emulated_check.passed else emulated_check
-    return deployed_check if deployed_check.errors.rel_l2 > emulated_check.errors.rel_l2 else emulated_check
+    if unoptimized.passed != deployed.passed:
+        return deployed if unoptimized.passed else unoptimized
+    return deployed if deployed.errors.rel_l2 > unoptimized.errors.rel_l2 else unoptimized
 
 
 def compare_outputs(expected: list[dict], observed: list[dict], names: list[str], default: Tolerance,

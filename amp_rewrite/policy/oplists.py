@@ -128,10 +128,10 @@ OP_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, str]] = MappingProxyTy
 # (memory-bound ops gain nothing from casts added just for them).
 PROVIDER_CLASSES: MappingProxyType[str, MappingProxyType[OpKey, tuple[str, str]]] = MappingProxyType({
     "CUDAExecutionProvider": MappingProxyType({
-        **{key: (INFER, f"CUDA's low-precision {key[1]} kernel accumulates in float32, so it is safe there")
-           for key in _group("", "LayerNormalization", "SimplifiedLayerNormalization", "InstanceNormalization",
-                             "Softmax", "LogSoftmax",
-                             ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm"))},
+        key: (INFER, f"CUDA's low-precision {key[1]} kernel accumulates in float32, so it is safe there")
+        for key in _group("", "LayerNormalization", "SimplifiedLayerNormalization", "InstanceNormalization",
+                          "Softmax", "LogSoftmax",
+                          ms=("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNorm"))
     }),
 })
 

@@ -14,8 +14,8 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import InferredTypes
 from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.policy.classes import Policy
-from amp_rewrite.policy.oplists import ZERO_SINGULAR_INPUTS, op_key
-from amp_rewrite.rewrite.coloring import Color, Coloring
+from amp_rewrite.policy.oplists import DENY, INFER, MEASURED_CLASSES, OP_CLASSES, ZERO_SINGULAR_INPUTS, op_key
+from amp_rewrite.rewrite.coloring import Color, Coloring, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
 
 if TYPE_CHECKING:
@@ -95,6 +95,23 @@ class Analysis:
         if value.source == INITIALIZER:
             return self.index.initializers[value.key]
         return constant_tensor(self.index.producer_node(value).proto)
+
+    def measured_infer(self, node_id: int) -> bool:
+        """Whether only the range check's measurement makes the node infer (``MEASURED_CLASSES``):
+        it may run low only where its values were measured."""
+        decision = self.coloring.decisions.get(node_id)
+        if decision is None or decision.op_class != INFER:
+            return False
+        node = self.index.nodes[node_id]
+        return op_key(node.domain, node.op_type) in MEASURED_CLASSES
+
+    def deny_again(self, node_id: int, why: str) -> None:
+        """A ``measured_infer`` node deny again, as the policy has it without a measurement
+        (PropagateDeny then follows it), and float32."""
+        node, decision = self.index.nodes[node_id], self.coloring.decisions[node_id]
+        decision.op_class = DENY
+        self.coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} ({why})",
+                          Priority.POLICY)
 
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""

@@ -3,8 +3,8 @@ then ``InsertCasts`` edits it and ``SeparateNormCasts`` keeps ONNX Runtime's Lay
 from breaking the result.
 
 0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
-5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. ChooseMinCasts  9. InsertCasts
-10. SeparateNormCasts
+5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. KeepRmsEpsilons  9. ChooseMinCasts
+10. InsertCasts  11. SeparateNormCasts
 """
 
 from __future__ import annotations

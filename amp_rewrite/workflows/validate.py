@@ -48,7 +48,7 @@ class Validation:
     outputs: list[OutputCheck] = field(default_factory=list)
     deployed: str = "not run"
     """The last round's run as deployed (``numerics.check.judged_as_deployed``): ``compared``,
-    ``did not run: ...``, or ``not run`` (the emulated run failed)."""
+    ``did not run: ...``, ``refused: ...``, or ``not run`` (the emulated run failed)."""
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED"

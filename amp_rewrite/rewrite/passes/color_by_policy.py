@@ -6,7 +6,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import node_key
 from amp_rewrite.policy.classes import OpClass
 from amp_rewrite.policy.kernels import kernel_table
-from amp_rewrite.policy.oplists import ALLOW, DENY, INFER, MEASURED_CLASSES, OP_CLASSES, op_key
+from amp_rewrite.policy.oplists import ALLOW, DENY
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import matches_node
@@ -65,18 +65,13 @@ class ColorByPolicy:
         """An op that a measurement made infer (``MEASURED_CLASSES``) and a deny op reads is deny:
         a norm's square feeds the ReduceMean of its variance, and an overflow there on data the
         range check did not see would collapse the statistic."""
-        coloring, nodes = analysis.coloring, analysis.index.nodes
-        for node_id, decision in coloring.decisions.items():
-            node = nodes[node_id]
-            if decision.op_class != INFER or op_key(node.domain, node.op_type) not in MEASURED_CLASSES:
-                continue
+        decisions, nodes = analysis.coloring.decisions, analysis.index.nodes
+        for node_id in [n for n in decisions if analysis.measured_infer(n)]:
             outputs = (value for is_input, _, value in analysis.slot_values(node_id) if not is_input)
             reader = next((nodes[r] for value in outputs for r, _ in analysis.slot_readers(value)
-                           if coloring.decisions[r].op_class == DENY), None)
+                           if decisions[r].op_class == DENY), None)
             if reader is not None:
-                decision.op_class = DENY
-                coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} "
-                             f"(read by deny {reader.op_type} {reader.label!r})", Priority.POLICY)
+                analysis.deny_again(node_id, f"read by deny {reader.op_type} {reader.label!r}")
 
     def _user(self, analysis: Analysis, node_id: int) -> None:
         options, node = analysis.options, analysis.index.nodes[node_id]

@@ -60,10 +60,11 @@ def _scalar(analysis: Analysis, key) -> float | None:
     return float(read_array(tensor, analysis.base_dir).reshape(-1)[0])
 
 
-def _producer(analysis: Analysis, key, op_type: str) -> Node | None:
+def _producer(analysis: Analysis, key, *op_types: str) -> Node | None:
+    """The node of one of ``op_types`` (default domain) that computes ``key``, or None."""
     value = analysis.index.values.get(key) if key is not None else None
     node = analysis.index.producer_node(value) if value is not None else None
-    return node if node is not None and node.op_type == op_type and node.domain == "" else None
+    return node if node is not None and node.op_type in op_types and node.domain == "" else None
 
 
 def _is_mean_square(analysis: Analysis, key) -> bool:
@@ -71,7 +72,7 @@ def _is_mean_square(analysis: Analysis, key) -> bool:
     mean = _producer(analysis, key, "ReduceMean")
     if mean is None:
         return False
-    square = _producer(analysis, mean.inputs[0], "Pow") or _producer(analysis, mean.inputs[0], "Mul")
+    square = _producer(analysis, mean.inputs[0], "Pow", "Mul")
     if square is None or len(square.inputs) != 2:
         return False
     if square.op_type == "Pow" and _scalar(analysis, square.inputs[1]) != 2.0:

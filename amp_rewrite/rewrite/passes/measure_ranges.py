@@ -15,7 +15,7 @@ from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
-from amp_rewrite.policy.oplists import DENY, INFER, MEASURED_CLASSES, OP_CLASSES, SAME_ELEMENTS, op_key
+from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -138,10 +138,7 @@ class MeasureRanges:
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
         for node_id in {v.producer[0] for v in watched if _lifted_producer(analysis, v) is not None}:
-            node, decision = analysis.index.nodes[node_id], analysis.coloring.decisions[node_id]
-            decision.op_class = DENY  # as the policy has it without a measurement; PropagateDeny follows
-            analysis.coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} "
-                                  "(the range check measured nothing)", Priority.POLICY)
+            analysis.deny_again(node_id, "the range check measured nothing")
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
         analysis.range_check = f"NOT RUN: {why}"
@@ -230,13 +227,9 @@ def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey,
 def _lifted_producer(analysis: Analysis, value: Value) -> str | None:
     """The op and name (``Pow '/Pow_4'``) of the node that computes ``value`` where the range
     check's measurement made it infer (``MEASURED_CLASSES``), so it may run low only as measured."""
-    if value.producer is None:
+    if value.producer is None or not analysis.measured_infer(value.producer[0]):
         return None
     node = analysis.index.nodes[value.producer[0]]
-    key = op_key(node.domain, node.op_type)
-    decision = analysis.coloring.decisions.get(value.producer[0])
-    if key not in MEASURED_CLASSES or decision is None or decision.op_class != INFER:
-        return None
     return f"{node.op_type} {node.label!r}"
 
 
