@@ -358,6 +358,95 @@ def test_a_mean_centred_square_is_a_layer_norm_whose_epsilon_runs_low():
     assert colors(convert(m, policy="all-low", range_check="off")[0])["eps"] == "low"
 
 
+_SCALINGS = {  # an RMSNorm's scaling of x{i} by its RMS s{i}, as exporters write it
+    "mul-div-one": "r{i} = Div(one{i}, s{i})\n [scale{i}] n{i} = Mul(x{i}, r{i})",
+    "reciprocal-mul": "r{i} = Reciprocal(s{i})\n [scale{i}] n{i} = Mul(r{i}, x{i})",
+    "div": "[scale{i}] n{i} = Div(x{i}, s{i})",
+}
+
+
+def _rms_decoder(scaling: str) -> onnx.ModelProto:
+    """Two pre-norm residual blocks, ``x{i+1} = x{i} + MatMul(w * rms_norm(x{i}), m{i})``, fed by a MatMul."""
+    text = "(float[2,8,16] inp) => (float[2,8,16] y) {\n [embed] x0 = MatMul(inp, m9)"
+    for i in range(2):
+        text += f"""
+          two{i} = Constant<value = float {{2.0}}>()
+          eps{i} = Constant<value = float {{1e-6}}>()
+          one{i} = Constant<value = float {{1.0}}>()
+          [square{i}] p{i} = Pow(x{i}, two{i})
+          [mean{i}] v{i} = ReduceMean<axes=[-1]>(p{i})
+          [eps_add{i}] a{i} = Add(v{i}, eps{i})
+          [sqrt{i}] s{i} = Sqrt(a{i})
+          {_SCALINGS[scaling].format(i=i)}
+          [weight{i}] o{i} = Mul(w, n{i})
+          [proj{i}] h{i} = MatMul(o{i}, m{i})
+          [residual{i}] x{i + 1} = Add(x{i}, h{i})"""
+    text += "\n [out] y = Identity(x2)\n}"
+    weights = {f"m{i}": rng(i).normal(0, 0.3, (16, 16)).astype(np.float32) for i in (0, 1, 9)}
+    return model(text, {**weights, "w": rng(3).normal(1, 0.1, 16).astype(np.float32),
+                        "k": np.array(0.5, np.float32)})
+
+
+@pytest.mark.parametrize("scaling", sorted(_SCALINGS))
+def test_an_rms_norms_scaling_ends_the_float32_region_of_its_statistics(scaling):
+    """The statistics of a written-out RMSNorm are float32 (its mean square is deny); its scaling
+    reads them and is float32 too, but x / rms(x) is at most sqrt(16) = 4 whatever x holds, so
+    the weight and the residual stream run low: the stream reaches the norm through one Cast,
+    read by the square and the scaling alone (the pattern ONNX Runtime fuses, on CUDA, into
+    one SimplifiedLayerNormalization computing in float32)."""
+    m = _rms_decoder(scaling)
+    out, report = convert(m, range_check="off")
+    found = colors(out)
+    for i in (0, 1):
+        assert found[f"mean{i}"] == found[f"sqrt{i}"] == found[f"scale{i}"] == "fp32"
+        assert found[f"weight{i}"] == found[f"residual{i}"] == found[f"proj{i}"] == "low"
+        (cast,) = [n for n in out.graph.node if n.op_type == "Cast" and n.input[0] == f"x{i}"]
+        readers = {n.name for n in out.graph.node if cast.output[0] in n.input}
+        assert readers == {f"square{i}", f"scale{i}"}
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "downstream of deny node" in reasons["scale0"]
+    assert "fewest cast bytes" in reasons["weight0"]
+    data = {"inp": rng(4).normal(0, 1, (2, 8, 16)).astype(np.float32)}
+    np.testing.assert_allclose(run(out, **data)[0], run(m, **data)[0], rtol=2e-2, atol=2e-2)
+    assert check(m, out, inputs=[data])
+
+
+def test_a_value_scaled_by_another_values_rms_stays_in_the_float32_region():
+    """Only x / rms(x) is bounded: k * x scaled by x's RMS is not normalized, and the values
+    it reaches stay float32 until the next allow op."""
+    m = _rms_decoder("mul-div-one")
+    for i in (0, 1):  # the scaling reads z{i} = k * x{i} instead of x{i}
+        scale = next(n for n in m.graph.node if n.name == f"scale{i}")
+        scale.input[0] = f"z{i}"
+        m.graph.node.insert(list(m.graph.node).index(scale),
+                            onnx.helper.make_node("Mul", ["k", f"x{i}"], [f"z{i}"], name=f"other{i}"))
+    found = colors(convert(m, range_check="off")[0])
+    assert found["scale0"] == found["weight0"] == found["scale1"] == found["weight1"] == "fp32"
+
+
+def test_a_models_own_cast_to_float_converts_on_its_own():
+    """A Cast to float32 of the model's reads its input as it is made: from a low producer
+    into a float32 reader it is the cast, and where it runs low (retyped to float16) it
+    rounds its float32 input itself; no Cast is inserted before or after it."""
+    low_to_fp32 = model("""(float[2,4] x) => (float[2,4] y) {
+        [allow1] a = MatMul(x, w)
+        [own] f = Cast<to=1>(a)
+        [deny1] y = Softmax(f)
+    }""", W)
+    fp32_to_low = model("""(float[2,4] x) => (float[2,4] y) {
+        [own] f = Cast<to=1>(x)
+        [allow1] y = MatMul(f, w)
+    }""", W)
+    x = rng(2).standard_normal((2, 4)).astype(np.float32)
+    for m, to, source in ((low_to_fp32, onnx.TensorProto.FLOAT, "a"), (fp32_to_low, onnx.TensorProto.FLOAT16, "x")):
+        out, report = convert(m, **schema_only())
+        assert colors(out)["allow1"] == "low"
+        assert report.casts_inserted == 1  # to or from the float32 graph input or output, elsewhere
+        cast = next(n for n in out.graph.node if n.name == "own")
+        assert cast.attribute[0].i == to and cast.input[0] == source
+        np.testing.assert_allclose(run(out, x=x)[0], run(m, x=x)[0], rtol=1e-2, atol=1e-3)
+
+
 def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     """The measurement starts before the analysis, in a child process, and is not run again."""
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",

@@ -52,7 +52,8 @@ def value_terms(analysis: Analysis, value: Value, free: set[int]) -> tuple[Term,
         producer = value.producer[0]
     else:
         producer = analysis.producer_color(value)
-    readers: list[Term] = [n if n in free and i in slots[n].inputs else analysis.use_color(n, i) for n, i in value.uses]
+    readers: list[Term] = [n if n in free and i in slots[n].inputs else analysis.use_color(n, i)
+                           for n, i in value.uses if not analysis.reads_as_made(n, i)]
     if value.output_of:
         readers += [analysis.output_color(g) for g in value.output_of]
     return producer, readers
@@ -100,6 +101,8 @@ def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[in
         if producer == OFFLINE:
             continue
         ends = [t for t in (producer, *readers) if isinstance(t, int)]
+        if not ends:  # read by free nodes only where they convert on their own (reads_as_made)
+            continue
         if len(ends) > 1:
             root = find(ends[0])
             for other in ends[1:]:

@@ -68,16 +68,23 @@ class InsertCasts:
     # -- per value ---------------------------------------------------------------------------
     def _needs(self, value: Value) -> dict[Color, list[tuple[int, int]]]:
         needs: dict[Color, list[tuple[int, int]]] = defaultdict(list)
-        use_color = self.analysis.use_color
+        produced = self.analysis.producer_color(value)
         for use in value.uses:
-            needs[use_color(*use)].append(use)
+            needs[self._reads_in(*use, produced)].append(use)
         return needs
+
+    def _reads_in(self, node_id: int, i: int, produced: Color | str) -> Color | str:
+        """The precision a reader takes a value in: its use's color, or the value's own where
+        the reader converts on its own (``Analysis.reads_as_made``)."""
+        if isinstance(produced, Color) and self.analysis.reads_as_made(node_id, i):
+            return produced
+        return self.analysis.use_color(node_id, i)
 
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
         produced = analysis.producer_color(value)
         if produced != OFFLINE and not value.output_of and all(
-                analysis.use_color(n, i) is produced for n, i in value.uses):
+                self._reads_in(n, i, produced) is produced for n, i in value.uses):
             if produced is Color.LOW:
                 self._set_type(value.key[0], value.name, self.low)
             return  # read as it is made: the common case inside a region of one precision, no cast

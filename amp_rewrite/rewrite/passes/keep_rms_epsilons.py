@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from amp_rewrite.ir.graph import Node
-from amp_rewrite.ir.tensors import read_array
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.norms import mean_square_of, scalar
 
 FUSED_EPSILON = 1e-5
 """The epsilon ONNX Runtime's SimplifiedLayerNormFusion gives a float16 RMSNorm whose epsilon
@@ -37,9 +36,9 @@ class KeepRmsEpsilons:
             if node.op_type != "Add" or node.domain != "" or len(node.inputs) != 2:
                 continue
             for epsilon_at in (0, 1):
-                if not _is_mean_square(analysis, node.inputs[1 - epsilon_at]):  # the cheaper test first
+                if mean_square_of(analysis, node.inputs[1 - epsilon_at]) is None:  # the cheaper test first
                     continue
-                epsilon = _scalar(analysis, node.inputs[epsilon_at])
+                epsilon = scalar(analysis, node.inputs[epsilon_at])
                 if epsilon is None:
                     continue
                 if np.asarray(epsilon, analysis.precision.numpy_type) != fused:
@@ -48,36 +47,3 @@ class KeepRmsEpsilons:
                                  "once its epsilons are shared", Priority.SAFETY)
                 break
 
-
-def _scalar(analysis: Analysis, key) -> float | None:
-    """The value of a one-element float constant at ``key``, or None."""
-    value = analysis.index.values.get(key) if key is not None else None
-    if value is None or not analysis.is_float(value) or not analysis.is_offline(value):
-        return None
-    tensor = analysis.constant_of(value)
-    if tensor is None or int(np.prod(tensor.dims)) != 1:
-        return None
-    return float(read_array(tensor, analysis.base_dir).reshape(-1)[0])
-
-
-def _producer(analysis: Analysis, key, *op_types: str) -> Node | None:
-    """The node of one of ``op_types`` (default domain) that computes ``key``, or None."""
-    value = analysis.index.values.get(key) if key is not None else None
-    node = analysis.index.producer_node(value) if value is not None else None
-    return node if node is not None and node.op_type in op_types and node.domain == "" else None
-
-
-def _is_mean_square(analysis: Analysis, key) -> bool:
-    """Whether ``key`` is ReduceMean(x * x) or ReduceMean(Pow(x, 2)) of an x no Sub(_, ReduceMean) centred."""
-    mean = _producer(analysis, key, "ReduceMean")
-    if mean is None:
-        return False
-    square = _producer(analysis, mean.inputs[0], "Pow", "Mul")
-    if square is None or len(square.inputs) != 2:
-        return False
-    if square.op_type == "Pow" and _scalar(analysis, square.inputs[1]) != 2.0:
-        return False
-    if square.op_type == "Mul" and square.inputs[0] != square.inputs[1]:
-        return False
-    centred = _producer(analysis, square.inputs[0], "Sub")
-    return centred is None or _producer(analysis, centred.inputs[1], "ReduceMean") is None

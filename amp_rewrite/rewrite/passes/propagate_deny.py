@@ -5,6 +5,7 @@ from __future__ import annotations
 from amp_rewrite.policy.oplists import CLEAR, DENY, INFER
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.norms import normalizes
 
 
 class PropagateDeny:
@@ -13,6 +14,12 @@ class PropagateDeny:
     constant float16 cannot hold (such as an attention mask of -3.4e38), is fixed
     float32 (as TensorFlow's AutoMixedPrecision does for deny ops), so results that
     need float32 are not rounded or overflowed on their way to the next allow op.
+    The chain ends at a node that divides a value by its own RMS (``norms.normalizes``, a
+    written-out RMSNorm's scaling): that node is float32, but its output is at most the square
+    root of the reduced extent in magnitude whatever the input, so its readers stay free. A
+    float32 RMSNorm then reads a float16 stream through one Cast and writes float16 through
+    another, the pattern ONNX Runtime fuses into one SimplifiedLayerNormalization that computes
+    in float32 (CUDA), rather than keeping the residual stream float32 around it.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -31,4 +38,5 @@ class PropagateDeny:
                         decision = coloring.decisions[consumer]
                         if decision.free and decision.op_class in (INFER, CLEAR):
                             coloring.fix(consumer, Color.FP32, reason, Priority.POLICY)
-                            stack.append(consumer)
+                            if not normalizes(analysis, index.nodes[consumer]):
+                                stack.append(consumer)
