@@ -138,8 +138,10 @@ class Analysis:
         """Whether the node reads input ``index`` in whatever precision it is made: the input
         of one of the model's own Casts to float32, which converts on its own (to float32, or
         to the low type where it runs low) as a cast before it would, with the same rounding."""
+        if index:
+            return False
         node = self.index.nodes[node_id]
-        return (index == 0 and node.op_type == "Cast" and node.domain == ""
+        return (node.op_type == "Cast" and node.domain == ""
                 and next((a.i for a in node.proto.attribute if a.name == "to"), None) == FLOAT)
 
     def output_color(self, graph_id: int) -> Color:

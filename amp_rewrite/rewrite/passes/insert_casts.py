@@ -76,9 +76,10 @@ class InsertCasts:
     def _reads_in(self, node_id: int, i: int, produced: Color | str) -> Color | str:
         """The precision a reader takes a value in: its use's color, or the value's own where
         the reader converts on its own (``Analysis.reads_as_made``)."""
-        if isinstance(produced, Color) and self.analysis.reads_as_made(node_id, i):
+        color = self.analysis.use_color(node_id, i)
+        if color is not produced and isinstance(produced, Color) and self.analysis.reads_as_made(node_id, i):
             return produced
-        return self.analysis.use_color(node_id, i)
+        return color
 
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
