@@ -799,6 +799,18 @@ def test_two_flattenings_of_one_tensor_concatenated_count_twice_its_product() ->
     _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=2 (from Reshape 'r1')", {"x": (1, 2)}))
 
 
+def test_a_flattening_concatenated_after_a_constant_offsets_the_product_a_reshape_counts() -> None:
+    """Rule: x[batch, seq] flattened to [batch x seq] after one constant element is
+    1 + batch x seq; reshaped to [2, 2], batch x seq = 3 (found by make fuzz: NOT RUN, an
+    offset product was no count)."""
+    m = model("""(float[batch,seq] x) => (float[2,2] y) {
+                     b = Reshape(x, flat)
+                     c = Concat<axis = 0>(w, b)
+                     [r1] y = Reshape(c, shape) }""",
+              {"flat": np.array([-1], np.int64), "w": np.array([0.5], np.float32), "shape": np.array([2, 2], np.int64)})
+    _binds_and_measures(m, ("batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1')", {"x": (1, 3)}))
+
+
 @pytest.mark.parametrize("split", ["s1, s2 = Split<axis = 1>(x, sizes)", "s1, s2 = Split<axis = -1>(x, sizes)"])
 def test_a_split_into_literal_sizes_binds_the_axis_to_their_sum(split: str) -> None:
     """Rule: x[batch, seq] split along seq into [1, 2] makes seq 3 (8 failed: found by make fuzz:

@@ -609,7 +609,20 @@ class _Rules:
 
     def same_count(self, left: Sequence[Dim], right: Sequence[Dim], origin: str) -> None:
         """``left`` and ``right`` hold as many elements: solve for the one name left unknown
-        (where it appears more than once too: batch x (batch + 1) = 12)."""
+        (where it appears more than once too: batch x (batch + 1) = 12; a product shifted or
+        scaled, 1 + batch x seq after a Concat with one element, against a fixed count too)."""
+        for one, other in ((left, right), (right, left)):
+            dims = [self.resolved(d) for d in one]
+            named = [d for d in dims if not isinstance(d, int)]
+            dim = named[0] if len(named) == 1 else None
+            if isinstance(dim, Sym) and dim.name in self.products and dim.affine and dim != Sym(dim.name):
+                have = math.prod(d for d in dims if isinstance(d, int))
+                extents = [self.extent(d) for d in self.spread(other)]
+                if have and all(isinstance(e, int) for e in extents):
+                    count, rest = divmod(math.prod(extents), have)
+                    if not rest and (solved := dim.solved(count)):
+                        self.same_count([Sym(dim.name)], [solved], origin)
+                return
         left, right = self.spread(left), self.spread(right)
         fixed, named = [1, 1], [Counter(), Counter()]
         for side, dims in enumerate((left, right)):
