@@ -18,8 +18,9 @@ class PropagateDeny:
     written-out RMSNorm's scaling): that node is float32, but its output is at most the square
     root of the reduced extent in magnitude whatever the input, so its readers stay free. A
     float32 RMSNorm then reads a float16 stream through one Cast and writes float16 through
-    another, the pattern ONNX Runtime fuses into one SimplifiedLayerNormalization that computes
-    in float32 (CUDA), rather than keeping the residual stream float32 around it.
+    another (the form that ONNX Runtime's SimplifiedLayerNormFusion takes into one kernel
+    computing in float32 on CUDA, where the scaling is a Div), rather than keeping the
+    residual stream float32 around it.
     """
 
     def run(self, analysis: Analysis) -> None:
