@@ -18,9 +18,10 @@ class PropagateDeny:
     written-out RMSNorm's scaling): that node is float32, but its output is at most the square
     root of the reduced extent in magnitude whatever the input, so its readers stay free. A
     float32 RMSNorm then reads a float16 stream through one Cast and writes float16 through
-    another (the form that ONNX Runtime's SimplifiedLayerNormFusion takes into one kernel
-    computing in float32 on CUDA, where the scaling is a Div), rather than keeping the
-    residual stream float32 around it.
+    another, rather than keeping the residual stream float32 around it; on CUDA, ONNX Runtime
+    fuses the norm and both Casts into one SimplifiedLayerNormalization computing in float32
+    (``benchmarks/norm_fusion.py``: where the scaling is a Div or a Mul of Div(1, _); it fuses
+    no Reciprocal form, in float32 either).
     """
 
     def run(self, analysis: Analysis) -> None:
