@@ -84,8 +84,9 @@ class InsertCasts:
     def _rewrite_value(self, value: Value) -> None:
         analysis = self.analysis
         produced = analysis.producer_color(value)
+        use_color, reads_as_made = analysis.use_color, analysis.reads_as_made
         if produced != OFFLINE and not value.output_of and all(
-                self._reads_in(n, i, produced) is produced for n, i in value.uses):
+                use_color(n, i) is produced or reads_as_made(n, i) for n, i in value.uses):
             if produced is Color.LOW:
                 self._set_type(value.key[0], value.name, self.low)
             return  # read as it is made: the common case inside a region of one precision, no cast
