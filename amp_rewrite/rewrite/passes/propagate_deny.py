@@ -17,8 +17,8 @@ class PropagateDeny:
     The chain ends at a node that divides a value by its own RMS (``norms.normalizes``, a
     written-out RMSNorm's scaling): that node is float32, but its output is at most the square
     root of the reduced extent in magnitude whatever the input, so its readers stay free. A
-    float32 RMSNorm then reads a float16 stream through one Cast and writes float16 through
-    another, rather than keeping the residual stream float32 around it; on CUDA, ONNX Runtime
+    float32 RMSNorm can then read a float16 stream through one Cast and write float16 through
+    another (where ChooseMinCasts finds that no dearer) rather than keep the stream float32; on CUDA, ONNX Runtime
     fuses the norm and both Casts into one SimplifiedLayerNormalization computing in float32
     (``benchmarks/norm_fusion.py``: where the scaling is a Div or a Mul of Div(1, _); it fuses
     no Reciprocal form, in float32 either).
