@@ -18,10 +18,10 @@ class PropagateDeny:
     written-out RMSNorm's scaling): that node is float32, but its output is at most the square
     root of the reduced extent in magnitude whatever the input, so its readers stay free. A
     float32 RMSNorm can then read a float16 stream through one Cast and write float16 through
-    another (where ChooseMinCasts finds that no dearer) rather than keep the stream float32; on CUDA, ONNX Runtime
-    fuses the norm and both Casts into one SimplifiedLayerNormalization computing in float32
-    (``benchmarks/norm_fusion.py``: where the scaling is a Div or a Mul of Div(1, _); it fuses
-    no Reciprocal form, in float32 either).
+    another (where ChooseMinCasts finds that no dearer) rather than keep the stream float32;
+    on CUDA, ONNX Runtime fuses the norm and both Casts into one SimplifiedLayerNormalization
+    computing in float32 (``benchmarks/norm_fusion.py``: where the scaling is a Div or a Mul of
+    Div(1, _); it fuses no Reciprocal form, in float32 either).
     """
 
     def run(self, analysis: Analysis) -> None:
