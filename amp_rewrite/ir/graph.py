@@ -40,6 +40,13 @@ class Node:
         return f"{self.domain}.{self.op_type}" if self.domain else self.op_type
 
     @property
+    def cast_to(self) -> int | None:
+        """The type a default-domain Cast converts to; None for any other node."""
+        if self.op_type != "Cast" or self.domain != "":
+            return None
+        return next((a.i for a in self.proto.attribute if a.name == "to"), None)
+
+    @property
     def label(self) -> str:
         """The node's name, or a stable description when it has none."""
         return self.proto.name or f"{self.op_type}#{self.id}"

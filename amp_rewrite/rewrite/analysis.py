@@ -138,11 +138,7 @@ class Analysis:
         """Whether the node reads input ``index`` in whatever precision it is made: the input
         of one of the model's own Casts to float32, which converts on its own (to float32, or
         to the low type where it runs low) as a cast before it would, with the same rounding."""
-        if index:
-            return False
-        node = self.index.nodes[node_id]
-        return (node.op_type == "Cast" and node.domain == ""
-                and next((a.i for a in node.proto.attribute if a.name == "to"), None) == FLOAT)
+        return not index and self.index.nodes[node_id].cast_to == FLOAT
 
     def output_color(self, graph_id: int) -> Color:
         return self.io_color if graph_id == 0 else Color.FP32

@@ -34,8 +34,11 @@ def mean_square_of(analysis: Analysis, key: ValueKey | None) -> ValueKey | None:
     """The ``x`` of ``key = ReduceMean(x * x)`` or ``ReduceMean(Pow(x, 2))`` where ``x`` is not
     mean-centred (``Sub(_, ReduceMean(_))``: a LayerNorm's), or None."""
     mean = producer(analysis, key, "ReduceMean")
-    if mean is None:
-        return None
+    return None if mean is None else _squared(analysis, mean)
+
+
+def _squared(analysis: Analysis, mean: Node) -> ValueKey | None:
+    """``mean_square_of`` for the ReduceMean node ``mean``."""
     square = producer(analysis, mean.inputs[0], "Pow", "Mul")
     if square is None or len(square.inputs) != 2:
         return None
@@ -60,13 +63,10 @@ def rms_of(analysis: Analysis, key: ValueKey | None) -> ValueKey | None:
     for at in (0, 1):
         epsilon = scalar(analysis, add.inputs[1 - at])
         mean = producer(analysis, add.inputs[at], "ReduceMean")
-        if epsilon is not None and epsilon >= 0 and mean is not None and _keeps_dims(mean):
-            return mean_square_of(analysis, add.inputs[at])
+        if (epsilon is not None and epsilon >= 0 and mean is not None
+                and not any(a.name == "keepdims" and a.i == 0 for a in mean.proto.attribute)):
+            return _squared(analysis, mean)
     return None
-
-
-def _keeps_dims(mean: Node) -> bool:
-    return not any(a.name == "keepdims" and a.i == 0 for a in mean.proto.attribute)
 
 
 def normalizes(analysis: Analysis, node: Node) -> bool:

@@ -46,4 +46,3 @@ class KeepRmsEpsilons:
                                  f"Runtime fuses a {analysis.precision.value} RMSNorm with epsilon {FUSED_EPSILON:g} "
                                  "once its epsilons are shared", Priority.SAFETY)
                 break
-

@@ -26,10 +26,7 @@ class KeepTruncatedValues:
     def run(self, analysis: Analysis) -> None:
         index, coloring = analysis.index, analysis.coloring
         for node in index.nodes:
-            if node.op_type != "Cast" or node.domain != "" or not node.inputs or node.inputs[0] is None:
-                continue
-            to = next((a.i for a in node.proto.attribute if a.name == "to"), None)
-            if to not in INTEGER_TYPES:
+            if node.cast_to not in INTEGER_TYPES or not node.inputs or node.inputs[0] is None:
                 continue
             reason = f"its value is truncated to an integer by Cast {node.label!r}; float16 rounding would change it"
             chain, value = [node], index.values[node.inputs[0]]
