@@ -43,6 +43,18 @@ def test_results_and_exceptions_come_back_as_they_are() -> None:
         isolated(lambda progress: (_ for _ in ()).throw(UserError("bad input")), "demo")
 
 
+def test_a_large_result_lets_the_child_exit_before_the_caller_reads_it() -> None:
+    """Through the pipe alone, a result larger than its buffer would keep the child (and the
+    memory it holds) waiting until the caller collects it."""
+    started = Started(lambda progress: np.arange(1 << 20), "demo")  # 8 MiB pickled
+    deadline = time.monotonic() + 60
+    while started.process.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not started.process.is_alive()
+    assert started.result().tolist() == list(range(1 << 20))
+    assert started.spill.closed
+
+
 def test_onnxruntime_crashing_on_a_float16_transpose_matmul_leaves_the_caller_alive() -> None:
     """ORT 1.31.1's CPU provider segfaults creating an optimized session for this model."""
     graph = helper.make_graph(

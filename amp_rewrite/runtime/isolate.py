@@ -9,7 +9,10 @@ Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
 
 Two kinds of child. By default the work runs in a child forked for it, which inherits the
 caller's memory: models and samples are not copied, only the result crosses back, pickled.
-Small work that pickles (``portable``) goes instead, from the process's second isolated work
+A forked child's result, when larger than a pipe holds, crosses in a file the caller made
+before the fork (``_SPILLED``): through the pipe, the child would wait for the caller to read
+it, holding its memory (the ONNX Runtime session, its copies of the caller's pages) while the
+caller goes on converting. Small work that pickles (``portable``) goes instead, from the process's second isolated work
 on, to its worker, a child forked once that runs one piece after another (``_Worker``): a fork
 costs in proportion to the caller's address space (here 6 ms to fork a 200 MB process, 70 ms
 at 2 GB, and as long again to take the child down), which a process that converts many small
@@ -27,10 +30,13 @@ import gc
 import importlib
 import multiprocessing
 import os
+import pickle
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,7 +55,9 @@ STALL_SECONDS = 60.0
 uses CPU, in ONNX Runtime's threads too, and reading weights from disk costs some."""
 STALL_CHECK = 1.0
 """Seconds between two looks at a waited-for child's CPU time."""
-_OK, _RAISED, _PROGRESS = "ok", "raised", "progress"
+_OK, _RAISED, _PROGRESS, _SPILLED = "ok", "raised", "progress", "spilled"
+SPILL_BYTES = 32 << 10
+"""Results past this size (pickled) leave a forked child in its spill file: a pipe buffers 64 KiB."""
 FORKS = "fork" in multiprocessing.get_all_start_methods()
 """Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
 CHILD_IMPORTS = ("onnxruntime", "numpy.random")
@@ -120,6 +128,7 @@ class Started:
         if again:
             _import_child_modules()
         self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
+        self.spill = None
         self.worker = _Worker.take() if portable and again else None
         if self.worker is not None:
             self.connection, self.process = self.worker.connection, self.worker.process
@@ -131,7 +140,8 @@ class Started:
                 self.worker = None
         context = multiprocessing.get_context("fork")
         self.connection, child_sender = context.Pipe(duplex=False)
-        self.process = context.Process(target=_child, args=(work, child_sender))
+        self.spill = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _finish or _stop)
+        self.process = context.Process(target=_child, args=(work, child_sender, self.spill))
         _fork(self.process)
         child_sender.close()
 
@@ -150,6 +160,9 @@ class Started:
                 if kind == _PROGRESS:
                     self.step = payload
                     continue
+                if kind == _SPILLED:
+                    self.spill.seek(0)
+                    kind, payload = pickle.load(self.spill)
                 self._finish()
                 if kind == _RAISED:
                     raise payload
@@ -190,13 +203,14 @@ class Started:
             self.worker.give_back()
         else:
             self.connection.close()
+            self.spill.close()
 
     def _stop(self) -> None:
         self.done = True
         if self.worker is not None:
             self.worker.stop()
         else:
-            _end(self.process, self.connection)
+            _end(self.process, self.connection, self.spill)
 
 
 class _Worker:
@@ -250,11 +264,14 @@ class _Worker:
         return not self.abandoned
 
 
-def _end(process, connection) -> None:
-    """Kill a child and close its pipe, in that order: a child still writing would complain."""
+def _end(process, connection, spill=None) -> None:
+    """Kill a child and close its pipe (and spill file), in that order: a child still writing
+    would complain."""
     if process.is_alive():
         process.kill()
     connection.close()
+    if spill is not None:
+        spill.close()
 
 
 def _fork(process) -> None:
@@ -271,9 +288,9 @@ def _import_child_modules() -> None:
             importlib.import_module(module)
 
 
-def _child(work: Callable[[Progress], T], sender) -> None:
+def _child(work: Callable[[Progress], T], sender, spill) -> None:
     faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
-    _run(work, sender)
+    _run(work, sender, spill)
     sender.close()
     os._exit(0)  # no atexit handlers or finalizers of the parent's state in the child
 
@@ -294,13 +311,20 @@ def _serve(connection, caller_end) -> None:
     os._exit(0)
 
 
-def _run(work: Callable[[Progress], T], sender) -> None:
+def _run(work: Callable[[Progress], T], sender, spill=None) -> None:
+    """Run ``work`` and send back its result; a large one goes to ``spill`` (a forked child's
+    file) and the pipe carries only ``_SPILLED``, so that the child can exit at once."""
     try:
         result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it
         result = (_RAISED, exc)
     try:
-        sender.send(result)
+        pickled = ForkingPickler.dumps(result)
+        if spill is not None and len(pickled) > SPILL_BYTES:
+            spill.write(pickled)
+            spill.flush()
+            pickled = ForkingPickler.dumps((_SPILLED, None))
+        sender.send_bytes(pickled)
     except OSError:  # the caller gave up on the work and closed its end: there is nobody to tell
         pass
     except Exception as exc:  # the result did not pickle
