@@ -15,6 +15,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.tensors import convert_embedded
 from models import builders
+from tests import helpers
 
 SAMPLES = {name: build() for name, build in builders.SAMPLES.items()}
 
@@ -182,3 +183,107 @@ def test_a_large_file_with_a_field_the_walk_does_not_take_is_loaded_by_protobuf(
     path.write_bytes(builders.transformer(blocks=1).SerializeToString() + group)
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
     assert io.load(path).SerializeToString() == onnx.load(path, load_external_data=False).SerializeToString()
+
+
+def _lending() -> onnx.ModelProto:
+    """Weights of every kind a borrowing load meets: float32 ones that go low, one beyond
+    float16's range (kept float32), one read in both precisions, float16 and float64 ones, an
+    integer one, small ones, one with a field after its raw data and one stored as float_data."""
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.normal(0, 0.1, (64, 64)), "big": rng.normal(0, 1, (64, 64)) * 1e5, "b": rng.normal(0, 1, 64),
+               "doc": rng.normal(0, 1, (64, 64)), "listed": rng.normal(0, 1, (64, 64))}
+    m = helpers.model("""(float[4, 64] x) => (float[4, 64] y, float[64, 64] z, double[64, 64] d, int64[2] s) {
+        a = MatMul(x, w)
+        c = MatMul(a, big)
+        e = MatMul(c, doc)
+        f = MatMul(e, listed)
+        g = Add(f, b)
+        h = Cast<to = 10>(g)
+        k = MatMul(h, half)
+        l = Cast<to = 1>(k)
+        y = Reshape(l, shape)
+        z = Exp(w)
+        d = Add(wide, wide)
+        s = Identity(shape)
+    }""", {**{name: a.astype(np.float32) for name, a in weights.items()},
+           "half": rng.normal(0, 1, (64, 64)).astype(np.float16), "wide": rng.normal(0, 1, (64, 64)),
+           "shape": np.array([4, 64], np.int64)})
+    tensors = {t.name: t for t in m.graph.initializer}
+    tensors["doc"].doc_string = "a field after the raw data"
+    tensors["listed"].float_data.extend(numpy_helper.to_array(tensors["listed"]).ravel().tolist())
+    tensors["listed"].ClearField("raw_data")
+    return m
+
+
+def test_a_borrowing_load_leaves_float_weights_in_the_file(tmp_path: Path, monkeypatch) -> None:
+    """Each float initializer of at least EXTERNAL_THRESHOLD bytes whose raw data ends its
+    serialized form becomes external data in the model file itself, at its raw data: the same
+    values, and nothing else borrowed or changed."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_lending(), path)
+    before = path.read_bytes()
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    borrowed, whole = io.load(path, borrow=True), onnx.load(path)
+    assert path.read_bytes() == before
+    lent = {t.name for t in borrowed.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert lent == {"w", "big", "half", "wide"}
+    for got, want in zip(borrowed.graph.initializer, whole.graph.initializer):
+        if got.name in lent:
+            assert {e.key: e.value for e in got.external_data}["location"] == "m.onnx"
+            got = onnx.TensorProto.FromString(got.SerializeToString())
+            onnx.external_data_helper.load_external_data_for_tensor(got, str(tmp_path))
+            got.ClearField("data_location")
+        assert got == want
+
+
+@pytest.mark.parametrize("options", [{}, dict(precision="bfloat16", keep_io_types=False)])
+def test_a_borrowed_conversion_writes_what_an_unborrowed_one_does(options: dict, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """A large file's float weights stay in it while it is converted; the output is the same
+    file, byte for byte (converted, kept float32, kept in both precisions), with no external data."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_lending(), source)
+    whole, _ = convert(source, tmp_path / "whole.onnx", **options)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    out, report = convert(source, tmp_path / "lent.onnx", **options)
+    assert Path(out).read_bytes() == Path(whole).read_bytes()
+    assert report.bytes_before == source.stat().st_size and report.bytes_after == Path(out).stat().st_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lent.onnx", "m.onnx", "whole.onnx"]
+    types = {t.name: t.data_type for t in onnx.load(out).graph.initializer}
+    assert types["wide"] == onnx.TensorProto.DOUBLE
+    assert types["big"] == (onnx.TensorProto.FLOAT if not options else onnx.TensorProto.BFLOAT16)
+
+
+def test_borrowed_weights_over_the_protobuf_limit_go_to_external_data_converted(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    source = tmp_path / "m.onnx"
+    onnx.save(_lending(), source)
+    whole, _ = convert(source, tmp_path / "whole.onnx")
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    monkeypatch.setattr(io, "PROTOBUF_LIMIT", 1000)
+    out, _ = convert(source, tmp_path / "lent.onnx")
+    assert (tmp_path / "lent.onnx.data").stat().st_size > 0
+    onnx.checker.check_model(out, full_check=True)
+    for got, want in zip(onnx.load(out).graph.initializer, onnx.load(whole).graph.initializer):
+        assert got.name == want.name and got.data_type == want.data_type
+        np.testing.assert_array_equal(numpy_helper.to_array(got), numpy_helper.to_array(want))
+
+
+def test_a_tensor_whose_raw_data_does_not_end_it_is_not_borrowed(tmp_path: Path, monkeypatch) -> None:
+    """Fields written out of protobuf's order (the raw data first): the load proves where the
+    raw data lies before it borrows, and loads this one as it is."""
+    model = _lending()
+    tensor = next(t for t in model.graph.initializer if t.name == "w")
+    head = onnx.TensorProto()
+    head.CopyFrom(tensor)
+    head.ClearField("raw_data")
+    reordered = io.length_delimited(9, tensor.raw_data) + head.SerializeToString()
+    assert onnx.TensorProto.FromString(reordered) == tensor
+    rest = onnx.ModelProto()
+    rest.CopyFrom(model)
+    rest.graph.initializer.remove(next(t for t in rest.graph.initializer if t.name == "w"))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(rest.SerializeToString() + io.length_delimited(7, io.length_delimited(5, reordered)))
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    loaded = {t.name: t for t in io.load(path, borrow=True).graph.initializer}
+    assert loaded["w"] == tensor and loaded["big"].data_location == onnx.TensorProto.EXTERNAL

@@ -77,17 +77,17 @@ def _convert(model, output, options: ConvertOptions):
     spent: Counter[str] = Counter()  # seconds by step of a first conversion that the range check undid
     if kind == "path":
         try:
-            written = _save(proto, output, base_dir, stats, analysis)
+            written = _save(proto, model, output, base_dir, stats, analysis)
             if written is None:  # the range check keeps nodes float32: convert again with its measurement
                 spent.update(analysis.seconds)
                 spent[_SAVE] += time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
                 reloading = time.perf_counter()
-                proto = io.load(model)
+                proto = io.load(model, borrow=True)
                 spent[_LOAD] += time.perf_counter() - reloading
                 analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
                 _record_decisions(proto, analysis)
                 saving = time.perf_counter()
-                written = _save(proto, output, base_dir, stats, analysis)
+                written = _save(proto, model, output, base_dir, stats, analysis)
         finally:
             if analysis.measuring is not None:
                 analysis.measuring.close()
@@ -117,7 +117,7 @@ _SETTLE = "MeasureRanges (settled)"
 _LOAD, _SAVE = "load", "save"
 
 
-def _save(proto: onnx.ModelProto, output, base_dir: str | None, stats, analysis: Analysis) -> int | None:
+def _save(proto: onnx.ModelProto, source, output, base_dir: str | None, stats, analysis: Analysis) -> int | None:
     """``io.save``, once the range check that was still measuring when the conversion went on
     (``analysis.pending``) changes nothing (its wait timed as part of the range check); None,
     nothing written, where it keeps nodes float32."""
@@ -131,7 +131,7 @@ def _save(proto: onnx.ModelProto, output, base_dir: str | None, stats, analysis:
         finally:
             analysis.seconds[_SETTLE] = time.perf_counter() - waiting
 
-    return io.save(proto, output, base_dir, stats.deferred, ready=settled)
+    return io.save(proto, output, base_dir, stats.deferred, ready=settled, source=source)
 
 
 def _stages(steps: Counter[str]) -> dict[str, float]:
@@ -153,7 +153,7 @@ def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:
         io.check_output_path(model, output)
     elif output is not None:
         raise UserError("output= is only for path inputs; in-memory models are returned")
-    return io.read_model(model, "convert")
+    return io.read_model(model, "convert", borrow=True)
 
 
 def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
@@ -167,7 +167,8 @@ def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
 
 
 def _stored_bytes(path, tensors: Iterable[onnx.TensorProto]) -> int:
-    """The size of the model file at ``path`` and of the external data files that ``tensors`` name."""
+    """The size of the model file at ``path`` and of the external data files that ``tensors`` name
+    (the model file itself, for the tensors borrowed from it)."""
     path = Path(path)
-    files = {info["location"] for t in tensors if (info := external_location(t))}
+    files = {info["location"] for t in tensors if (info := external_location(t))} - {path.name}
     return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())
