@@ -42,6 +42,25 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
     assert len(staged) == len(keys) and any(k[0] != 0 for k in keys) == (build is control_flow)
 
 
+@pytest.mark.parametrize("handed", [stages.HANDED_BYTES, 0], ids=["large-weights-handed", "every-float-weight-handed"])
+def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkeypatch) -> None:
+    """A model loaded with its float weights left in the file (``io.load(borrow=True)``): the
+    stages get their values, handed or written in, and measure what the embedded model gives."""
+    from amp_rewrite.ir import io
+
+    path = tmp_path / "m.onnx"
+    onnx.save(transformer(blocks=2, with_mask=True), path)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    monkeypatch.setattr(stages, "HANDED_BYTES", handed)
+    lent = io.load(path, borrow=True)
+    assert sum(t.data_location == onnx.TensorProto.EXTERNAL for t in lent.graph.initializer) > 10
+    keys = instrument.float_values(lent)
+    top = {name: (0, name) for _, name in keys}
+    data = samples.generate(lent, 2, seed=3)
+    measured = stages.measure(lent, top, {}, data, THRESHOLD, str(tmp_path), lambda text: None, threads=1)
+    assert measured == _at_once(onnx.load(path), keys, data)
+
+
 def test_lifting_every_nested_value_lifts_the_nested_float_values() -> None:
     m = control_flow()
     every = instrument.lift_nested(m, None, THRESHOLD)
@@ -94,13 +113,13 @@ def test_a_stage_keeps_only_the_values_that_later_stages_read() -> None:
     }""")
     keys = {name: (0, name) for name in ("a", "b", "c", "y")}
     plan = stages.plan(m.graph, set(keys), stage_nodes=1)
-    runs = stages._Runs(m, plan, keys, {}, THRESHOLD)
+    runs = stages._Runs(m, plan, keys, {}, THRESHOLD, None)
     values = {"x": np.ones((2, 4), np.float32)}
     held = []  # the values held as each stage starts to run
     for stage in plan:
         held.append(sorted(values))
         types = {name: stages._type_of(values[name]) for name in stage.reads}
-        stage_model = stages._stage_model(m, runs.head, stage, types, runs.weights, runs.handed)
+        stage_model = stages._stage_model(m, runs.head, stage, types, runs.weights, runs.handed, None)
         runs.run(instrument.session(stage_model, initializers=runs.handed_to(stage)), stage, values)
     assert held == [["x"], ["a", "x"], ["b", "x"], ["b", "c"]] and values == {}
     assert set(runs.measured) == set(keys.values())

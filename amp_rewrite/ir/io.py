@@ -20,8 +20,10 @@ from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import (
     SOURCE_TYPE_KEY,
     convert_embedded,
+    data_file,
     external_location,
     float32_values,
+    reopen_data_file,
     stored_values,
     value_bytes,
 )
@@ -56,7 +58,9 @@ def load(path: str | os.PathLike, borrow: bool = False) -> onnx.ModelProto:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
-    _check_external_files(model, path.parent)
+    _check_external_files(model, path.parent, path.name if borrow else None)
+    if borrow:
+        reopen_data_file(path)
     return model
 
 
@@ -117,7 +121,7 @@ class _Lender:
     and written back into the model by ``save(..., source)``."""
 
     def __init__(self, location: str) -> None:
-        self.location_entry = length_delimited(_EXTERNAL_DATA, _entry("location", location))
+        self.location = _entry_field("location", location)
 
     def lend(self, initializers, data: bytes, start: int) -> bool:
         """Add the tensor whose serialized form is ``data``, found at ``start`` in the file, to
@@ -138,16 +142,14 @@ class _Lender:
         except google.protobuf.message.DecodeError:
             del initializers[-1]
             return False
-        borrowed.MergeFromString(self.location_entry
-                                 + length_delimited(_EXTERNAL_DATA, _entry("offset", str(start + head + len(prefix))))
-                                 + length_delimited(_EXTERNAL_DATA, _entry("length", str(size)))
-                                 + _DATA_LOCATION_EXTERNAL)
+        borrowed.MergeFromString(self.location + _entry_field("offset", str(start + head + len(prefix)))
+                                 + _entry_field("length", str(size)) + _DATA_LOCATION_EXTERNAL)
         return True
 
 
-def _entry(key: str, value: str) -> bytes:
-    """A StringStringEntryProto's bytes."""
-    return length_delimited(1, key.encode()) + length_delimited(2, value.encode())
+def _entry_field(key: str, value: str) -> bytes:
+    """A TensorProto's ``external_data`` field holding the entry ``key: value``, as protobuf writes it."""
+    return length_delimited(_EXTERNAL_DATA, length_delimited(1, key.encode()) + length_delimited(2, value.encode()))
 
 
 class _WireReader:
@@ -205,7 +207,7 @@ def read_model(model, verb: str = "read", borrow: bool = False) -> tuple[onnx.Mo
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
-        if any(external_location(t) for t in initializers(proto)):
+        if any(data_file(t) for t in initializers(proto)):
             raise UserError("the ModelProto refers to external data that is not loaded: "
                             "pass the model's path, or load it with onnx.load(path)")
         return proto, None, "proto"
@@ -229,18 +231,21 @@ def _ir_base_dir(model) -> str | None:
     return None
 
 
-def _check_external_files(model: onnx.ModelProto, base_dir: Path) -> None:
+def _check_external_files(model: onnx.ModelProto, base_dir: Path, lent: str | None) -> None:
+    """Each external tensor's file is there and holds it (``lent``: the model's own file, whose
+    borrowed tensors the load placed itself)."""
     sizes: dict[str, int] = {}  # by location: a file looked at once
     for tensor in initializers(model):
-        info = external_location(tensor)
-        if info is None:
+        location = data_file(tensor)
+        if location is None or location == lent:
             continue
-        location = info.get("location", "")
+        info = external_location(tensor)
         if location not in sizes:
             data = base_dir / location
             if not data.is_file():
                 raise UserError(f"external data file missing for tensor {tensor.name!r}: {data}")
             sizes[location] = data.stat().st_size
+            reopen_data_file(data)
         end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
         if end > sizes[location]:
             raise UserError(f"external data file is truncated (tensor {tensor.name!r} ends at byte {end}): "
@@ -284,7 +289,7 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
     output = Path(output)
     deferred = deferred or {}
     lent = Path(source).name if source is not None else None
-    external = any(info and info["location"] != lent for t in initializers(model) if (info := external_location(t)))
+    external = any(data_file(t) not in (None, lent) for t in initializers(model))
     temps: list[str] = []
     try:
         pieces = None if external else _pieces(model, deferred, base_dir, lent)
@@ -354,11 +359,11 @@ class _Converted:
     ``tensors.convert_embedded`` followed by serialization would give, without changing the
     model."""
 
-    __slots__ = ("tensor", "base_dir", "source_type", "target", "count", "head", "tail", "size")
+    __slots__ = ("tensor", "base_dir", "info", "source_type", "target", "count", "head", "tail", "size")
 
     def __init__(self, tensor: onnx.TensorProto, precision: Precision | None, base_dir=None) -> None:
         self.tensor, self.base_dir = tensor, base_dir
-        info = external_location(tensor)
+        self.info = info = external_location(tensor)
         self.source_type = int(info.get(SOURCE_TYPE_KEY, tensor.data_type)) if info else onnx.TensorProto.FLOAT
         head = onnx.TensorProto()
         head.CopyFrom(tensor)
@@ -382,8 +387,8 @@ class _Converted:
         self.size = len(self.head) + nbytes + len(self.tail)
 
     def write(self, sink) -> None:
-        if external_location(self.tensor):
-            data = stored_values(self.tensor, self.base_dir, self.source_type)
+        if self.info:
+            data = stored_values(self.tensor, self.base_dir, self.source_type, self.info)
         else:
             data = float32_values(self.tensor, None)
         if data.size != self.count:
@@ -534,7 +539,7 @@ def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precis
 
 def _write_converted(tensor: onnx.TensorProto, base_dir, source_type: int, sink) -> None:
     target = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    sink.write(stored_values(tensor, base_dir, source_type).astype(target).tobytes())
+    sink.write(stored_values(tensor, base_dir, source_type, external_location(tensor)).astype(target).tobytes())
 
 
 def _copy(source, length: int, sink) -> None:

@@ -15,7 +15,7 @@ import onnx
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
-from amp_rewrite.ir.tensors import external_location
+from amp_rewrite.ir.tensors import data_file
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
@@ -170,5 +170,5 @@ def _stored_bytes(path, tensors: Iterable[onnx.TensorProto]) -> int:
     """The size of the model file at ``path`` and of the external data files that ``tensors`` name
     (the model file itself, for the tensors borrowed from it)."""
     path = Path(path)
-    files = {info["location"] for t in tensors if (info := external_location(t))} - {path.name}
+    files = {location for t in tensors if (location := data_file(t))} - {path.name}
     return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())

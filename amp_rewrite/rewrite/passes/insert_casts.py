@@ -12,7 +12,7 @@ from onnx import AttributeProto, helper, numpy_helper
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value
 from amp_rewrite.ir.precision import Precision
-from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, convert_embedded, external_location, read_array
+from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, convert_embedded, read_array
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
@@ -171,7 +171,7 @@ class InsertCasts:
             self.analysis.index.nodes[node_id].proto.input[i] = name
 
     def _convert_tensor(self, tensor: onnx.TensorProto, graph_id: int) -> None:
-        if external_location(tensor) is not None:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
             tensor.external_data.add(key=SOURCE_TYPE_KEY, value=str(tensor.data_type))
             tensor.data_type = self.low
         elif self.defer and graph_id == 0:
