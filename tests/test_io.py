@@ -287,3 +287,18 @@ def test_a_tensor_whose_raw_data_does_not_end_it_is_not_borrowed(tmp_path: Path,
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
     loaded = {t.name: t for t in io.load(path, borrow=True).graph.initializer}
     assert loaded["w"] == tensor and loaded["big"].data_location == onnx.TensorProto.EXTERNAL
+
+
+def test_convert_holds_no_file_of_its_input_open_after(tmp_path: Path, monkeypatch) -> None:
+    """The descriptors that reads of borrowed or external weights keep are closed once the
+    output is written (a deleted input's space is freed)."""
+    source = tmp_path / "m.onnx"
+    onnx.save(_lending(), source)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+
+    def open_files() -> set[str]:
+        fds = Path("/proc/self/fd")
+        return {str(p.resolve()) for p in fds.iterdir() if p.exists() and p.resolve().parent == tmp_path}
+
+    convert(source, tmp_path / "out.onnx")
+    assert open_files() == set()

@@ -19,11 +19,11 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import (
     SOURCE_TYPE_KEY,
+    close_data_file,
     convert_embedded,
     data_file,
     external_location,
     float32_values,
-    reopen_data_file,
     stored_values,
     value_bytes,
 )
@@ -60,7 +60,7 @@ def load(path: str | os.PathLike, borrow: bool = False) -> onnx.ModelProto:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
     _check_external_files(model, path.parent, path.name if borrow else None)
     if borrow:
-        reopen_data_file(path)
+        close_data_file(path)
     return model
 
 
@@ -245,7 +245,7 @@ def _check_external_files(model: onnx.ModelProto, base_dir: Path, lent: str | No
             if not data.is_file():
                 raise UserError(f"external data file missing for tensor {tensor.name!r}: {data}")
             sizes[location] = data.stat().st_size
-            reopen_data_file(data)
+            close_data_file(data)
         end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
         if end > sizes[location]:
             raise UserError(f"external data file is truncated (tensor {tensor.name!r} ends at byte {end}): "

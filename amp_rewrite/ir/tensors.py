@@ -61,10 +61,11 @@ def stored_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, 
     return np.frombuffer(data, dtype=dtype)
 
 
-def reopen_data_file(path: str | os.PathLike) -> None:
-    """Read ``path`` as it is now from here on: a model's load calls this for each file its
-    external data lies in (the descriptor kept from an earlier read may be of a file since
-    replaced)."""
+def close_data_file(path: str | os.PathLike) -> None:
+    """Close the descriptor kept for ``path``, if any: the next read opens the file as it is
+    then. A model's load calls this for each file its external data lies in (a descriptor kept
+    from an earlier read may be of a file since replaced), ``convert`` once it has written its
+    output (a deleted input's space is freed)."""
     _DATA_FILES.forget(os.fspath(path))
 
 

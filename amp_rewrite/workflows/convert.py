@@ -15,7 +15,7 @@ import onnx
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
-from amp_rewrite.ir.tensors import data_file
+from amp_rewrite.ir.tensors import close_data_file, data_file
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
@@ -91,6 +91,8 @@ def _convert(model, output, options: ConvertOptions):
         finally:
             if analysis.measuring is not None:
                 analysis.measuring.close()
+            for location in {Path(model).name, *filter(None, map(data_file, analysis.index.initializers.values()))}:
+                close_data_file(Path(model).parent / location)  # the input's files: none held open after
         report = build_report(analysis, stats)
         report.bytes_before = _stored_bytes(model, analysis.index.initializers.values())
         report.bytes_after = written
