@@ -55,6 +55,12 @@ def test_a_large_result_lets_the_child_exit_before_the_caller_reads_it() -> None
     assert started.spill.closed
 
 
+def test_a_large_result_comes_through_the_pipe_where_no_spill_file_can_be_made(monkeypatch) -> None:
+    monkeypatch.setattr(isolate, "_spill_file", lambda: None)
+    started = Started(lambda progress: np.arange(1 << 18), "demo")
+    assert started.spill is None and started.result().tolist() == list(range(1 << 18))
+
+
 def test_onnxruntime_crashing_on_a_float16_transpose_matmul_leaves_the_caller_alive() -> None:
     """ORT 1.31.1's CPU provider segfaults creating an optimized session for this model."""
     graph = helper.make_graph(

@@ -140,7 +140,7 @@ class Started:
                 self.worker = None
         context = multiprocessing.get_context("fork")
         self.connection, child_sender = context.Pipe(duplex=False)
-        self.spill = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _finish or _stop)
+        self.spill = _spill_file()
         self.process = context.Process(target=_child, args=(work, child_sender, self.spill))
         _fork(self.process)
         child_sender.close()
@@ -203,7 +203,8 @@ class Started:
             self.worker.give_back()
         else:
             self.connection.close()
-            self.spill.close()
+            if self.spill is not None:
+                self.spill.close()
 
     def _stop(self) -> None:
         self.done = True
@@ -264,6 +265,15 @@ class _Worker:
         return not self.abandoned
 
 
+def _spill_file():
+    """An unnamed temporary file for a forked child's result (None where none can be made: the
+    result then comes through the pipe alone)."""
+    try:
+        return tempfile.TemporaryFile()  # noqa: SIM115 (closed by Started._finish or _stop)
+    except OSError:
+        return None
+
+
 def _end(process, connection, spill=None) -> None:
     """Kill a child and close its pipe (and spill file), in that order: a child still writing
     would complain."""
@@ -321,9 +331,10 @@ def _run(work: Callable[[Progress], T], sender, spill=None) -> None:
     try:
         pickled = ForkingPickler.dumps(result)
         if spill is not None and len(pickled) > SPILL_BYTES:
-            spill.write(pickled)
-            spill.flush()
-            pickled = ForkingPickler.dumps((_SPILLED, None))
+            with contextlib.suppress(OSError):  # a full disk: through the pipe, then
+                spill.write(pickled)
+                spill.flush()
+                pickled = ForkingPickler.dumps((_SPILLED, None))
         sender.send_bytes(pickled)
     except OSError:  # the caller gave up on the work and closed its end: there is nobody to tell
         pass
