@@ -45,7 +45,8 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
 @pytest.mark.parametrize("handed", [stages.HANDED_BYTES, 0], ids=["large-weights-handed", "every-float-weight-handed"])
 def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkeypatch) -> None:
     """A model loaded with its float weights left in the file (``io.load(borrow=True)``): the
-    stages get their values, handed or written in, and measure what the embedded model gives."""
+    stages get the small ones' values written in, ONNX Runtime reads the large ones from the
+    file (every one where HANDED_BYTES is 0), and they measure what the embedded model gives."""
     from amp_rewrite.ir import io
 
     path = tmp_path / "m.onnx"

@@ -146,8 +146,7 @@ class _Runs:
         self.base_dir = base_dir
         self.weights = {t.name: t for t in model.graph.initializer}
         self.handed = {t.name for t in model.graph.initializer if t.data_type in HANDED_TYPES
-                       and (t.HasField("raw_data") or t.data_location == onnx.TensorProto.EXTERNAL)
-                       and value_bytes(t) >= HANDED_BYTES}
+                       and t.HasField("raw_data") and value_bytes(t) >= HANDED_BYTES}
         """Weights that sessions get as arrays (``handed_to``), not in the serialized stage."""
         self.head = _model_head(model)
         self.measured: dict[ValueKey, ValueStats] = {}
@@ -219,12 +218,14 @@ operands from the serialized model, and refuses external ones)."""
 
 def _stage_weight(tensor: onnx.TensorProto, handed: bool, base_dir) -> onnx.TensorProto:
     """A weight as a stage's model holds it: a placeholder for a handed one, with its values for
-    an external one (ONNX Runtime opened the file for each: the 50k-node benchmark transformer's
-    8.6k borrowed weights, ``io.load(borrow=True)``, took its measurement from 4.6-4.9 s to
-    5.5-5.8), as it is otherwise."""
+    a small external one (ONNX Runtime opens the file for each external tensor: the 50k-node
+    benchmark transformer's 8.6k borrowed weights, ``io.load(borrow=True)``, took its
+    measurement from 4.6-4.9 s to 5.5-5.8), as it is otherwise: a large external one is
+    read by ONNX Runtime into its own buffer (handed, it was held twice while the session was
+    made: GPT-2 small's range check peaked at 902 MiB PSS, 591 read so)."""
     if handed:
         return _placeholder(tensor)
-    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL or value_bytes(tensor) >= HANDED_BYTES:
         return tensor
     inline = onnx.TensorProto()
     inline.CopyFrom(tensor)
