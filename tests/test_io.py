@@ -223,7 +223,7 @@ def test_a_borrowing_load_leaves_float_weights_in_the_file(tmp_path: Path, monke
     onnx.save(_lending(), path)
     before = path.read_bytes()
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
-    borrowed, whole = io.load(path, borrow=True), onnx.load(path)
+    borrowed, whole = io.load(path, borrow=io.EXTERNAL_THRESHOLD), onnx.load(path)
     assert path.read_bytes() == before
     lent = {t.name for t in borrowed.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
     assert lent == {"w", "big", "half", "wide"}
@@ -285,7 +285,7 @@ def test_a_tensor_whose_raw_data_does_not_end_it_is_not_borrowed(tmp_path: Path,
     path = tmp_path / "m.onnx"
     path.write_bytes(rest.SerializeToString() + io.length_delimited(7, io.length_delimited(5, reordered)))
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
-    loaded = {t.name: t for t in io.load(path, borrow=True).graph.initializer}
+    loaded = {t.name: t for t in io.load(path, borrow=io.EXTERNAL_THRESHOLD).graph.initializer}
     assert loaded["w"] == tensor and loaded["big"].data_location == onnx.TensorProto.EXTERNAL
 
 
@@ -302,3 +302,45 @@ def test_convert_holds_no_file_of_its_input_open_after(tmp_path: Path, monkeypat
 
     convert(source, tmp_path / "out.onnx")
     assert open_files() == set()
+
+
+def test_check_on_borrowed_models_gives_what_it_gives_on_loaded_ones(tmp_path: Path, monkeypatch) -> None:
+    """``check`` leaves both large models' float weights in their files (ONNX Runtime reads
+    them in its children): the same figures, float32 and mixed, emulated and as deployed, and
+    the same suspects explained (a tolerance of zero fails the check)."""
+    from amp_rewrite import Tolerance
+    from amp_rewrite import check as check_models
+    from amp_rewrite.numerics import check as check_module
+
+    source, mixed = tmp_path / "m.onnx", tmp_path / "mixed.onnx"
+    onnx.save(_lending(), source)
+    convert(source, mixed)
+
+    def checked():
+        return check_models(source, mixed, random=2, tolerance=Tolerance(0, 0), localize_failures=True)
+
+    loaded = checked()
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    monkeypatch.setattr(check_module, "BORROW_BYTES", 1024)
+    lent = io.load(source, borrow=check_module.BORROW_BYTES)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in lent.graph.initializer)
+    borrowed = checked()
+    assert [(o.name, repr(o.errors)) for o in borrowed.outputs] == [(o.name, repr(o.errors)) for o in loaded.outputs]
+    assert borrowed.passed == loaded.passed is False and borrowed.deployed == loaded.deployed
+    assert loaded.suspects and [(s.node, s.reason) for s in borrowed.suspects] == [
+        (s.node, s.reason) for s in loaded.suspects]
+
+
+def test_bench_on_a_borrowed_model_runs_its_analysis_where_the_weights_lie(tmp_path: Path, monkeypatch) -> None:
+    """``bench`` reads its models as ``check`` does (large weights left in the file): the
+    analysis that gives the reasons for float32 nodes reads them from there."""
+    from amp_rewrite import bench
+    from amp_rewrite.numerics import check as check_module
+
+    source = tmp_path / "m.onnx"
+    onnx.save(_lending(), source)
+    monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
+    monkeypatch.setattr(check_module, "BORROW_BYTES", 1024)
+    result = bench(str(source), provider="CPUExecutionProvider", options=ConvertOptions(), warmup=0, runs=1,
+                   profile_runs=0)  # CUDA's policy: the analysis judges the weights that may go low
+    assert [m.label for m in result.models] == ["float32", "amp-rewrite"]

@@ -44,7 +44,7 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
 
 @pytest.mark.parametrize("handed", [stages.HANDED_BYTES, 0], ids=["large-weights-handed", "every-float-weight-handed"])
 def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkeypatch) -> None:
-    """A model loaded with its float weights left in the file (``io.load(borrow=True)``): the
+    """A model loaded with its float weights left in the file (``io.load(borrow=...)``): the
     stages get the small ones' values written in, ONNX Runtime reads the large ones from the
     file (every one where HANDED_BYTES is 0), and they measure what the embedded model gives."""
     from amp_rewrite.ir import io
@@ -53,7 +53,7 @@ def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkey
     onnx.save(transformer(blocks=2, with_mask=True), path)
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
     monkeypatch.setattr(stages, "HANDED_BYTES", handed)
-    lent = io.load(path, borrow=True)
+    lent = io.load(path, borrow=io.EXTERNAL_THRESHOLD)
     assert sum(t.data_location == onnx.TensorProto.EXTERNAL for t in lent.graph.initializer) > 10
     keys = instrument.float_values(lent)
     top = {name: (0, name) for _, name in keys}

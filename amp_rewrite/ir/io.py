@@ -36,10 +36,11 @@ WRITE_BUFFER = 1 << 20
 """The model file is written in many small pieces: buffer them."""
 
 
-def load(path: str | os.PathLike, borrow: bool = False) -> onnx.ModelProto:
+def load(path: str | os.PathLike, borrow: int = 0) -> onnx.ModelProto:
     """Read a model without its external data (tensors are read when needed). ``borrow``: a
-    large file's float weights stay in it too (``_borrow``), for a caller that writes the
-    model with ``save(..., source=path)``."""
+    large file's float weights of at least this many bytes stay in it too (``_Lender``; 0:
+    none), for a caller that writes the model with ``save(..., source=path)`` or runs it with
+    ONNX Runtime."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"input file not found: {path}")
@@ -71,13 +72,13 @@ took 1,282 MiB to load, 824 streamed, in 0.58 s instead of 0.95; the 73 MB 50k-n
 transformer 0.16 s instead of 0.19)."""
 
 
-def _load_streamed(path: Path, borrow: bool) -> onnx.ModelProto:
+def _load_streamed(path: Path, borrow: int) -> onnx.ModelProto:
     """``onnx.load`` of ``path`` (without external data) holding the parsed model and one
     initializer's bytes at a time: the wire format is walked field by field, each of the graph's
     initializers parsed on its own (``borrow``: its raw data left in the file), and every other
     field merged as protobuf would."""
     model = onnx.ModelProto()
-    lender = _Lender(path.name) if borrow else None
+    lender = _Lender(path.name, borrow) if borrow else None
     with open(path, "rb", buffering=WRITE_BUFFER) as stream:
         reader = _WireReader(stream, path.stat().st_size)
         rest = bytearray()  # the model's fields but the graph
@@ -113,20 +114,21 @@ reads only to judge their range (integer ones are shape operands and indices, re
 
 
 class _Lender:
-    """Borrowing (``load(path, borrow=True)``): a float initializer of at least
-    ``EXTERNAL_THRESHOLD`` bytes whose raw data is its serialized form's last field is held as
+    """Borrowing (``load(path, borrow=BYTES)``): a float initializer of at least ``BYTES``
+    (``convert``: ``EXTERNAL_THRESHOLD``) whose raw data is its serialized form's last field is held as
     external data in the model file itself (``location`` its name, ``offset`` where the raw
     data starts): the model in memory lacks the weights' bytes (the 76.7 MB 50k-node benchmark
     transformer: 143 MiB resident after the load, 71 borrowed), which are read when needed
     and written back into the model by ``save(..., source)``."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, least: int) -> None:
         self.location = _entry_field("location", location)
+        self.least = max(least, 1)
 
     def lend(self, initializers, data: bytes, start: int) -> bool:
         """Add the tensor whose serialized form is ``data``, found at ``start`` in the file, to
         ``initializers`` borrowed; False (nothing added) where it is not to be borrowed."""
-        if len(data) < EXTERNAL_THRESHOLD:
+        if len(data) < self.least:
             return False
         tensor = onnx.TensorProto.FromString(data)
         if tensor.data_type not in BORROWED_TYPES or not tensor.HasField("raw_data"):
@@ -134,7 +136,7 @@ class _Lender:
         size = value_bytes(tensor)
         prefix = _RAW_DATA_KEY + _varint(size)
         head = len(data) - size - len(prefix)
-        if size < EXTERNAL_THRESHOLD or head < 0 or data[head:head + len(prefix)] != prefix:
+        if size < self.least or head < 0 or data[head:head + len(prefix)] != prefix:
             return False
         borrowed = initializers.add()
         try:  # parsed whole, the fields before end at ``head`` (where the raw data's field starts)
@@ -197,7 +199,7 @@ class _WireReader:
         raise ValueError(f"wire type {wire} (a group, or not protobuf)")
 
 
-def read_model(model, verb: str = "read", borrow: bool = False) -> tuple[onnx.ModelProto, str | None, str]:
+def read_model(model, verb: str = "read", borrow: int = 0) -> tuple[onnx.ModelProto, str | None, str]:
     """``(proto, base_dir, kind)`` for a path, an ``onnx.ModelProto`` (copied: the caller's is never
     modified) or an ``onnx_ir.Model``; ``kind`` is "path", "proto" or "ir". A path's external data
     stays on disk (read from ``base_dir`` when needed), and its weights with ``borrow`` (``load``);
@@ -284,7 +286,7 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
     ``deferred``) are converted one at a time as they are written: memory holds the model
     and one tensor. A model written whole is left unchanged; one that goes to ``OUT.data``
     is left pointing there, its tensors converted. ``source``: the file that ``load(source,
-    borrow=True)`` read (in ``base_dir``), whose borrowed tensors are written back into the model.
+    borrow=...)`` read (in ``base_dir``), whose borrowed tensors are written back into the model.
     """
     output = Path(output)
     deferred = deferred or {}
@@ -353,7 +355,7 @@ class _Pieces:
 
 class _Converted:
     """A tensor written with its values in the model: a float32 one in ``precision`` (the
-    top-level initializers that InsertCasts deferred), or a borrowed one (``load(borrow=True)``)
+    top-level initializers that InsertCasts deferred), or a borrowed one (``load(borrow=...)``)
     read back from its file, in the type that InsertCasts gave it. Its fields before
     ``raw_data``, the values as ``raw_data``, then its fields after: the bytes that
     ``tensors.convert_embedded`` followed by serialization would give, without changing the

@@ -256,11 +256,18 @@ def culprits(suspects: list[Suspect]) -> list[Suspect]:
     return [s for s in suspects[:3] if s.growth >= top / 4]
 
 
+BORROW_BYTES = 1 << 16
+"""A large model file's float weights of at least this size stay in it (``io.load``'s borrowing):
+the check holds both models, and the sessions in its children read them from the file. Smaller
+ones are loaded: ONNX Runtime opens the file once per external tensor (thousands of small
+weights took seconds)."""
+
+
 def load_model(model) -> tuple[onnx.ModelProto, str | None]:
     if isinstance(model, onnx.ModelProto):
         return model, None
     if isinstance(model, (str, os.PathLike)):
-        return io.load(model), os.path.dirname(os.path.abspath(model))
+        return io.load(model, borrow=BORROW_BYTES), os.path.dirname(os.path.abspath(model))
     raise UserError(f"cannot check a {type(model).__name__}: pass a path or an onnx.ModelProto")
 
 

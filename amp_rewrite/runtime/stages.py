@@ -219,7 +219,7 @@ operands from the serialized model, and refuses external ones)."""
 def _stage_weight(tensor: onnx.TensorProto, handed: bool, base_dir) -> onnx.TensorProto:
     """A weight as a stage's model holds it: a placeholder for a handed one, with its values for
     a small external one (ONNX Runtime opens the file for each external tensor: the 50k-node
-    benchmark transformer's 8.6k borrowed weights, ``io.load(borrow=True)``, took its
+    benchmark transformer's 8.6k borrowed weights, ``io.load(borrow=...)``, took its
     measurement from 4.6-4.9 s to 5.5-5.8), as it is otherwise: a large external one is
     read by ONNX Runtime into its own buffer (handed, it was held twice while the session was
     made: GPT-2 small's range check peaked at 902 MiB PSS, 591 read so)."""

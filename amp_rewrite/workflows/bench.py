@@ -187,7 +187,7 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
         refused = next((t for t in timings[:len(baselines)] if isinstance(t, str)), None)
         if refused:
             raise UserError(f"ONNX Runtime cannot run the float32 model: {refused}")
-        reasons = _reasons(original, options, "" if conversion else "amp-rewrite would keep it float32: ")
+        reasons = _reasons(original, original_dir, options, "" if conversion else "amp-rewrite would keep it float32: ")
         reference = timings[0]
         rows = [_row(entry.label, timing, reference) for entry, timing in zip(baselines, timings)]
         failed = {}
@@ -230,10 +230,11 @@ def _row(label: str, timing: Timing, reference: Timing) -> ModelBench:
                       dict(sorted(kinds.items(), key=lambda item: -item[1])))
 
 
-def _reasons(original: onnx.ModelProto, options: ConvertOptions, prefix: str) -> dict[str, str]:
+def _reasons(original: onnx.ModelProto, base_dir: str | None, options: ConvertOptions, prefix: str) -> dict[str, str]:
     """Why the analysis with ``options`` keeps each float32 candidate there, by ``node_key``
-    (``prefix`` first: for a model that another run or tool made, it is amp-rewrite's view)."""
-    analysis = analyze(original, dataclasses.replace(options, range_check="off"))
+    (``prefix`` first: for a model that another run or tool made, it is amp-rewrite's view;
+    ``base_dir``: where its external or borrowed weights lie)."""
+    analysis = analyze(original, dataclasses.replace(options, range_check="off"), base_dir)
     decisions = analysis.coloring.decisions.items()
     return {node_key(analysis.index.nodes[i]): prefix + (d.reason if d.reason.startswith(f"{d.op_class}:")
                                                          else f"{d.op_class}: {d.reason}")

@@ -21,14 +21,14 @@ def check(original, mixed, **kwargs: Any) -> CheckResult:
     says what the default conversion decided for its node and why."""
     result = numerics.check(original, mixed, **kwargs)
     if result.suspects:
-        reference = original if isinstance(original, onnx.ModelProto) else numerics.load_model(original)[0]
-        explain(reference, result.suspects)
+        explain(*numerics.load_model(original), result.suspects)
     return result
 
 
-def explain(original: onnx.ModelProto, suspects: list[Suspect]) -> list[Suspect]:
-    """Attach each suspect's op class and the reason the conversion put it in low precision."""
-    analysis = analyze(original, ConvertOptions(range_check="off"))
+def explain(original: onnx.ModelProto, base_dir: str | None, suspects: list[Suspect]) -> list[Suspect]:
+    """Attach each suspect's op class and the reason the conversion put it in low precision
+    (``base_dir``: where the model's external or borrowed weights lie)."""
+    analysis = analyze(original, ConvertOptions(range_check="off"), base_dir)
     decisions = {node_key(analysis.index.nodes[i]): d for i, d in analysis.coloring.decisions.items()}
     for suspect in suspects:
         decision = decisions.get(suspect.node)

@@ -82,7 +82,7 @@ def _convert(model, output, options: ConvertOptions):
                 spent.update(analysis.seconds)
                 spent[_SAVE] += time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
                 reloading = time.perf_counter()
-                proto = io.load(model, borrow=True)
+                proto = io.load(model, borrow=io.EXTERNAL_THRESHOLD)
                 spent[_LOAD] += time.perf_counter() - reloading
                 analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
                 _record_decisions(proto, analysis)
@@ -155,7 +155,7 @@ def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:
         io.check_output_path(model, output)
     elif output is not None:
         raise UserError("output= is only for path inputs; in-memory models are returned")
-    return io.read_model(model, "convert", borrow=True)
+    return io.read_model(model, "convert", borrow=io.EXTERNAL_THRESHOLD)
 
 
 def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
