@@ -289,11 +289,13 @@ def test_a_tensor_whose_raw_data_does_not_end_it_is_not_borrowed(tmp_path: Path,
     assert loaded["w"] == tensor and loaded["big"].data_location == onnx.TensorProto.EXTERNAL
 
 
-def test_convert_holds_no_file_of_its_input_open_after(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-path", "relative-path"])
+def test_convert_holds_no_file_of_its_input_open_after(relative: bool, tmp_path: Path, monkeypatch) -> None:
     """The descriptors that reads of borrowed or external weights keep are closed once the
-    output is written (a deleted input's space is freed)."""
-    source = tmp_path / "m.onnx"
-    onnx.save(_lending(), source)
+    output is written (a deleted input's space is freed), however the input's path is spelt."""
+    onnx.save(_lending(), tmp_path / "m.onnx")
+    source = Path("m.onnx") if relative else tmp_path / "m.onnx"
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(io, "STREAMED_LOAD_BYTES", 0)
 
     def open_files() -> set[str]:

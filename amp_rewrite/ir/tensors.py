@@ -75,7 +75,8 @@ class _DataFiles:
     ahead: a model's thousands of small external tensors, each read with an open, a seek and a
     close, took 0.73 s for 28k tensors on the 2-core VM, 0.07 s with ``pread`` on one
     descriptor, and fewer reads again where they lie in order. A few files are kept open,
-    the least recently read closed first."""
+    the least recently read closed first, each under its absolute path (readers name a file
+    from the model's folder, which callers may spell relative)."""
 
     KEPT = 8
     AHEAD = 1 << 20
@@ -91,6 +92,7 @@ class _DataFiles:
             with open(path, "rb") as f:
                 f.seek(offset)
                 return f.read(size)
+        path = os.path.abspath(path)
         with self._lock:  # held while reading: a descriptor is closed only when no read uses it
             kept = self._open.pop(path, None) or _DataFile(os.open(path, os.O_RDONLY))
             self._open[path] = kept
@@ -100,7 +102,7 @@ class _DataFiles:
 
     def forget(self, path: str) -> None:
         with self._lock:
-            kept = self._open.pop(path, None)
+            kept = self._open.pop(os.path.abspath(path), None)
             if kept is not None:
                 os.close(kept.fd)
 
