@@ -91,10 +91,11 @@ def _convert(model, output, options: ConvertOptions):
         finally:
             if analysis.measuring is not None:
                 analysis.measuring.close()
-            for location in {Path(model).name, *filter(None, map(data_file, analysis.index.initializers.values()))}:
-                close_data_file(Path(model).parent / location)  # the input's files: none held open after
+            inputs = _input_files(model, analysis.index.initializers.values())
+            for path in inputs:
+                close_data_file(path)  # none of the input's files held open after
         report = build_report(analysis, stats)
-        report.bytes_before = _stored_bytes(model, analysis.index.initializers.values())
+        report.bytes_before = sum(path.stat().st_size for path in inputs if path.is_file())
         report.bytes_after = written
         result = output
     else:
@@ -168,9 +169,9 @@ def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
     proto.metadata_props.add(key=RECORD_KEY, value=json.dumps(kept, sort_keys=True))
 
 
-def _stored_bytes(path, tensors: Iterable[onnx.TensorProto]) -> int:
-    """The size of the model file at ``path`` and of the external data files that ``tensors`` name
-    (the model file itself, for the tensors borrowed from it)."""
+def _input_files(path, tensors: Iterable[onnx.TensorProto]) -> list[Path]:
+    """The model file at ``path``, then the external data files that ``tensors`` name (the model
+    file itself, for the tensors borrowed from it, once)."""
     path = Path(path)
     files = {location for t in tensors if (location := data_file(t))} - {path.name}
-    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())
+    return [path, *(path.parent / f for f in sorted(files))]
