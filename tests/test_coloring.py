@@ -411,6 +411,56 @@ def test_an_rms_norms_scaling_ends_the_float32_region_of_its_statistics(scaling)
     assert check(m, out, inputs=[data])
 
 
+def _layer_norm_decoder() -> onnx.ModelProto:
+    """Two pre-norm residual blocks, ``x{i+1} = x{i} + MatMul(layer_norm(x{i}), m{i})``, as
+    exporters before opset 17 write GPT-2's, fed by a MatMul."""
+    text = "(float[2,8,16] inp) => (float[2,8,16] y) {\n [embed] x0 = MatMul(inp, m9)"
+    for i in range(2):
+        text += f"""
+          two{i} = Constant<value = float {{2.0}}>()
+          eps{i} = Constant<value = float {{1e-5}}>()
+          [mean{i}] u{i} = ReduceMean<axes=[-1]>(x{i})
+          [centre{i}] d{i} = Sub(x{i}, u{i})
+          [square{i}] p{i} = Pow(d{i}, two{i})
+          [var{i}] v{i} = ReduceMean<axes=[-1]>(p{i})
+          [eps_add{i}] a{i} = Add(v{i}, eps{i})
+          [sqrt{i}] s{i} = Sqrt(a{i})
+          [scale{i}] n{i} = Div(d{i}, s{i})
+          [weight{i}] g{i} = Mul(n{i}, w)
+          [bias{i}] o{i} = Add(g{i}, b)
+          [proj{i}] h{i} = MatMul(o{i}, m{i})
+          [residual{i}] x{i + 1} = Add(x{i}, h{i})"""
+    text += "\n [out] y = Identity(x2)\n}"
+    weights = {f"m{i}": rng(i).normal(0, 0.3, (16, 16)).astype(np.float32) for i in (0, 1, 9)}
+    return model(text, {**weights, "w": rng(3).normal(1, 0.1, 16).astype(np.float32),
+                        "b": rng(5).normal(0, 0.1, 16).astype(np.float32)})
+
+
+@pytest.mark.parametrize("provider", ["CUDAExecutionProvider", None])
+def test_a_layer_norms_scaling_ends_the_float32_region_where_layer_normalization_runs_low(provider):
+    """A written-out LayerNorm's scaling d / rms(d) of the centred d is bounded as an RMSNorm's
+    is. Where the provider runs LayerNormalization low (CUDA, whose kernel computes a float16
+    input's statistics in float32), the chain of float32 ends there: weight, bias and residual
+    stream run low, the stream reaches the statistics through one Cast and the scaling leaves
+    through another (both fused by ONNX Runtime into one float16 LayerNormalization). Where
+    LayerNormalization is deny (no provider: the op lists alone), the norm stays a float32 island."""
+    m = _layer_norm_decoder()
+    out, report = convert(m, provider=provider, range_check="off")
+    found = colors(out)
+    low = provider == "CUDAExecutionProvider"
+    for i in (0, 1):
+        assert found[f"mean{i}"] == found[f"centre{i}"] == found[f"scale{i}"] == "fp32"
+        assert found[f"proj{i}"] == found[f"residual{i}"] == "low"
+        assert found[f"weight{i}"] == found[f"bias{i}"] == ("low" if low else "fp32")
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "downstream of deny node" in reasons["scale0"]
+    assert ("fewest cast bytes" if low else "downstream of deny node") in reasons["weight0"]
+    assert cast_count(out) == 2 + 2 * 2  # the input and output, into and out of each norm (fused where low)
+    data = {"inp": rng(4).normal(0, 1, (2, 8, 16)).astype(np.float32)}
+    np.testing.assert_allclose(run(out, **data)[0], run(m, **data)[0], rtol=2e-2, atol=2e-2)
+    assert check(m, out, inputs=[data])
+
+
 def test_a_value_scaled_by_another_values_rms_stays_in_the_float32_region():
     """Only x / rms(x) is bounded: k * x scaled by x's RMS is not normalized, and the values
     it reaches stay float32 until the next allow op."""

@@ -86,7 +86,7 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
         release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)
-        SeparateNormCasts().run(analysis)
+        SeparateNormCasts().run(analysis, stats.deferred)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
         return analysis, stats
 

@@ -10,6 +10,7 @@ from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.rewrite.analysis import OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.min_cut import INFINITE, Edge, min_cut
+from amp_rewrite.rewrite.norms import Use, fused_layer_norm_reads, layer_norms_end_regions
 
 CAST_BYTES_PER_ELEMENT = 6
 """A cast between float32 and a 16-bit type reads one and writes the other."""
@@ -24,6 +25,11 @@ class ChooseMinCasts:
     minimal colorings the one with the fewest float32 nodes wins. A connected group of free
     nodes with no fixed float32 end goes low, which costs nothing; each other group is a
     minimum cut between the low and the float32 side, with the largest low side of all.
+    Where written-out LayerNorms end their float32 regions (``norms.layer_norms_end_regions``),
+    each that ONNX Runtime fuses into one LayerNormalization counts as its weight reading the
+    norm's input (``norms.fused_layer_norm_reads``): the Casts into its float32 statistics and
+    out of its scaling vanish into the fused norm where the input and the weight share a type,
+    and one of them remains where they do not.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -32,8 +38,9 @@ class ChooseMinCasts:
         free = set(analysis.coloring.free_nodes())
         if not free:
             return
+        fused = fused_layer_norm_reads(analysis) if layer_norms_end_regions(analysis) else {}
         float32: set[int] = set()
-        for nodes, terms in _pulled_groups(analysis, free):
+        for nodes, terms in _pulled_groups(analysis, free, fused):
             float32 |= _float32_nodes(sizes, nodes, terms)
         low = analysis.precision.value
         for node_id in free:
@@ -44,27 +51,31 @@ class ChooseMinCasts:
                                      f"{decision.op_class}: follows its neighbours into {where} (fewest cast bytes)")
 
 
-def value_terms(analysis: Analysis, value: Value, free: set[int]) -> tuple[Term, list[Term]]:
-    """The producer and the readers of a float32 value, each a free node or a fixed color."""
+def value_terms(analysis: Analysis, value: Value, free: set[int],
+                fused: Mapping[Use, Use | None] | None = None) -> tuple[Term, list[Term]]:
+    """The producer and the readers of a float32 value, each a free node or a fixed color;
+    ``fused``: reads that count as another read, or (None) as none."""
     slots = analysis.slots
     producer: Term
     if value.producer and value.producer[0] in free and value.producer[1] in slots[value.producer[0]].outputs:
         producer = value.producer[0]
     else:
         producer = analysis.producer_color(value)
+    uses = value.uses if not fused else [fused.get(use, use) for use in value.uses]
     readers: list[Term] = [n if n in free and i in slots[n].inputs else analysis.use_color(n, i)
-                           for n, i in value.uses if not analysis.reads_as_made(n, i)]
+                           for n, i in filter(None, uses) if not analysis.reads_as_made(n, i)]
     if value.output_of:
         readers += [analysis.output_color(g) for g in value.output_of]
     return producer, readers
 
 
 def cast_bytes(analysis: Analysis, sizes: ValueSizes, values: list[Value], colors: Mapping[int, Color],
-               free: set[int]) -> int:
-    """Bytes moved through casts for ``values`` when the free nodes take ``colors``."""
+               free: set[int], fused: Mapping[Use, Use | None] | None = None) -> int:
+    """Bytes moved through casts for ``values`` when the free nodes take ``colors`` (``fused``:
+    as ``value_terms`` takes it)."""
     total = 0
     for value in values:
-        producer, readers = value_terms(analysis, value, free)
+        producer, readers = value_terms(analysis, value, free, fused)
         if producer == OFFLINE:
             continue
         made = colors.get(producer, producer) if isinstance(producer, int) else producer
@@ -73,7 +84,8 @@ def cast_bytes(analysis: Analysis, sizes: ValueSizes, values: list[Value], color
     return total
 
 
-def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[int], list[tuple]]]:
+def _pulled_groups(analysis: Analysis, free: set[int],
+                   fused: Mapping[Use, Use | None]) -> Iterator[tuple[list[int], list[tuple]]]:
     """The connected groups of free nodes that some fixed float32 end pulls on, each with its
     values' (value, producer, readers) terms. Constants tie nothing together: they are
     converted ahead of time."""
@@ -85,6 +97,9 @@ def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[in
             keys[node.inputs[i]] = None
         for i in slot.outputs:
             keys[node.outputs[i]] = None
+    for (node_id, i), weight in fused.items():  # a fused norm's input, read at its free weight
+        if weight is not None and weight[0] in free:
+            keys[index.nodes[node_id].inputs[i]] = None
     parent = {n: n for n in free}
 
     def find(n: int) -> int:
@@ -97,7 +112,7 @@ def _pulled_groups(analysis: Analysis, free: set[int]) -> Iterator[tuple[list[in
     pulled: list[int] = []
     for key in keys:
         value = index.values[key]
-        producer, readers = value_terms(analysis, value, free)
+        producer, readers = value_terms(analysis, value, free, fused)
         if producer == OFFLINE:
             continue
         ends = [t for t in (producer, *readers) if isinstance(t, int)]

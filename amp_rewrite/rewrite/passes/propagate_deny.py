@@ -5,7 +5,7 @@ from __future__ import annotations
 from amp_rewrite.policy.oplists import CLEAR, DENY, INFER
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
-from amp_rewrite.rewrite.norms import normalizes
+from amp_rewrite.rewrite.norms import layer_norms_end_regions, normalizes
 
 
 class PropagateDeny:
@@ -22,10 +22,17 @@ class PropagateDeny:
     on CUDA, ONNX Runtime fuses the norm and both Casts into one SimplifiedLayerNormalization
     computing in float32 (``benchmarks/norm_fusion.py``: where the scaling is a Div or a Mul of
     Div(1, _); it fuses no Reciprocal form, in float32 either).
+    A written-out LayerNorm's scaling of the centred ``d = x - mean(x)`` by its RMS is bounded
+    alike, but its float16 ``x`` loses ``|x| * 2^-11`` before the centring: the chain ends there
+    only where the policy runs LayerNormalization itself in low precision (on CUDA, whose
+    kernel computes the statistics of a float16 input in float32), since that is the rounding
+    such a kernel takes too. ONNX Runtime then fuses the norm, its Casts, weight and bias into
+    one float16 LayerNormalization (``SeparateNormCasts`` keeps the fusion's types consistent).
     """
 
     def run(self, analysis: Analysis) -> None:
         coloring, index = analysis.coloring, analysis.index
+        centred = layer_norms_end_regions(analysis)
         roots = [n for n, d in coloring.decisions.items()
                  if d.color is Color.FP32 and (d.op_class == DENY or n in analysis.unfit_readers)]
         for root in roots:
@@ -40,5 +47,5 @@ class PropagateDeny:
                         decision = coloring.decisions[consumer]
                         if decision.free and decision.op_class in (INFER, CLEAR):
                             coloring.fix(consumer, Color.FP32, reason, Priority.POLICY)
-                            if not normalizes(analysis, index.nodes[consumer]):
+                            if not normalizes(analysis, index.nodes[consumer], centred):
                                 stack.append(consumer)
