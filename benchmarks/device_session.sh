@@ -14,7 +14,9 @@
 #   benchmarks/device_session.sh exports   # instead of train: exports BERT, GPT, Llama and T5 at BERT-base's shape
 #                                          # (torch_exports.py export --size base; EXPORTS narrows them), converts
 #                                          # each with amp-rewrite and the ORT float16 script, times all three on
-#                                          # CUDA (amp-rewrite bench, batch 32, sequence 128)
+#                                          # CUDA (amp-rewrite bench, batch 32, sequence 128); OLD, a folder holding
+#                                          # an earlier amp_rewrite package (carried), converts with it too, and
+#                                          # then each conversion's error on CUDA is measured (amp-rewrite check)
 #   benchmarks/device_session.sh infer     # times inference (gpu_bench) and checks the CUDA kernel table
 #   benchmarks/device_session.sh run CMD   # any command (a diagnosis) with onnxruntime-gpu set up by train
 #
@@ -84,9 +86,22 @@ EOF
       stem=$(basename "${model%.onnx}")
       python3 -m amp_rewrite convert "$model" -o "/tmp/exports/$stem.amp.onnx" --quiet --report "$res/$stem.convert.json"
       python3 benchmarks/peer_convert.py ort "$model" "/tmp/exports/$stem.ort.onnx"
-      timeout 200 python3 -m amp_rewrite bench "$model" "/tmp/exports/$stem.amp.onnx" "/tmp/exports/$stem.ort.onnx" \
+      kinds="amp ort"
+      if [ -n "${OLD:-}" ]; then
+        (cd "$OLD" && python3 -m amp_rewrite convert "$model" -o "/tmp/exports/$stem.old.onnx" --quiet \
+          --report "$res/$stem.old.convert.json")  # run from there, its package comes first
+        kinds="amp old ort"
+      fi
+      timeout 200 python3 -m amp_rewrite bench "$model" $(for k in $kinds; do echo "/tmp/exports/$stem.$k.onnx"; done) \
         --provider CUDAExecutionProvider --random 1 --shape ids:32x128 --runs 200 --report "$res/$stem.bench.json" \
         > "$res/$stem.bench.txt" 2>&1
+      if [ -n "${OLD:-}" ]; then
+        for k in $kinds; do
+          timeout 60 python3 -m amp_rewrite check "$model" "/tmp/exports/$stem.$k.onnx" --provider CUDAExecutionProvider \
+            --random 1 --shape ids:4x128 > "$res/$stem.$k.check.txt" 2>&1
+          echo "$stem $k"; head -4 "$res/$stem.$k.check.txt"
+        done
+      fi
       python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
 for m in r["models"]: print(sys.argv[2], m["label"], "median %.3f p10 %.3f p90 %.3f speed-up %.2f device MiB %s" % (m["median_ms"], m["p10_ms"], m["p90_ms"], m["speedup"], m["device_memory_mib"]))
 print(sys.argv[2], "failed", r["failed"])' "$res/$stem.bench.json" "$stem" || tail -3 "$res/$stem.bench.txt"

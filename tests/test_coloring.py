@@ -11,7 +11,9 @@ import pytest
 from onnx import numpy_helper
 
 from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
+from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.passes import MeasureRanges, measure_ranges
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import emulated
 from models import builders
 from tests.helpers import cast_count, colors, model, rms_norm, rng, run
@@ -753,6 +755,29 @@ def test_huge_mask_constant_keeps_the_masked_scores_fp32_without_a_range_check()
     got, want = run(out, x=x, keep=keep)[0], run(m, x=x, keep=keep)[0]
     assert np.isfinite(got).all() and np.isfinite(want).all()
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_a_minus_inf_mask_constant_runs_low_since_float16_holds_it_exactly():
+    """Rule: the range check judges the finite elements: a causal mask's fill of -inf (PyTorch's
+    ``masked_fill(mask, float("-inf"))``) is -inf in float16 too, so the Where reading it, and
+    the scores around it, run float16 (a constant of -3.4e38 does not fit, as above). Measured in
+    the graph too, for a value of a subgraph."""
+    m = model("""(float[2,4] x, bool[2,4] keep) => (float[2,4] y) {
+        [allow1] scores = MatMul(x, w)
+        [const] minus_inf = Constant<value = float {0.0}>()
+        [fill] masked = Where(keep, scores, minus_inf)
+        [soft] probs = Softmax(masked)
+        [allow2] y = MatMul(probs, w2)
+    }""", W)
+    m.graph.node[1].attribute[0].t.CopyFrom(numpy_helper.from_array(np.array(-np.inf, np.float32)))
+    keep = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], bool)
+    out, report = convert(m, inputs=[{"x": rng(5).standard_normal((2, 4)).astype(np.float32), "keep": keep}])
+    assert report.range_check.startswith("measured")
+    assert colors(out) == {"allow1": "low", "const": "low", "fill": "low", "soft": "low", "allow2": "low"}
+    x = rng(6).standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(emulated(out), x=x, keep=keep)[0], run(m, x=x, keep=keep)[0], rtol=2e-2, atol=2e-2)
+    stats = instrument.ValueStats.of(np.full(3, -np.inf, np.float32), instrument.Thresholds.of(Precision.FLOAT16))
+    assert stats.max_abs == 0.0 and stats.nonzero == 0
 
 
 def test_values_truncated_to_integers_are_computed_in_fp32():

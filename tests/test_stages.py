@@ -140,3 +140,32 @@ def test_packed_statistics_cross_a_pickle_and_read_as_the_dict_they_pack() -> No
         got = packed.get(key)
         assert got == value and all(type(a) is type(b) for a, b in zip(got, value)), key
     assert packed.get((0, "no such value")) is None
+
+
+def test_a_nested_value_measured_in_the_graph_counts_only_its_finite_elements() -> None:
+    """A value inside an If branch holding -inf (a mask's fill) has the statistics of its finite
+    elements, as one measured whole: float16 holds -inf itself."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    fill = numpy_helper.from_array(np.array(-np.inf, np.float32))
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["minus_inf"], value=fill),
+         helper.make_node("Where", ["keep", "x", "minus_inf"], ["masked"]),
+         helper.make_node("Abs", ["masked"], ["out"])],
+        "masked", [], [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 4])])
+    other = helper.make_graph([helper.make_node("Abs", ["x"], ["plain"])], "plain", [],
+                              [helper.make_tensor_value_info("plain", TensorProto.FLOAT, [2, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 4]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    keys = [k for k in instrument.float_values(m) if k[0]]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
+    data = [{"x": x, "keep": x > 0, "flag": np.array(True)}]
+    staged = _staged(m, keys, data)
+    assert staged == _at_once(m, keys, data)
+    assert staged[next(k for k in keys if k[1] == "masked")].max_abs == 4.0
+    assert staged[next(k for k in keys if k[1] == "minus_inf")] == instrument.ValueStats(0.0, 0, 0, 0)

@@ -76,7 +76,7 @@ class ValueStats(NamedTuple):
             small = int(np.count_nonzero(magnitude < thresholds.flush)) - zeros if subnormal else 0
             return cls(peak, nonzero, small, subnormal)
         finite = magnitude[np.isfinite(magnitude)]
-        peak = float(finite.max()) if finite.size else (float("inf") if magnitude.size else 0.0)
+        peak = float(finite.max()) if finite.size else 0.0  # all -inf (a mask's fill): float16 holds it
         nonzero = finite[finite > 0]
         return cls(peak, int(nonzero.size), int(np.count_nonzero(nonzero < thresholds.flush)),
                    int(np.count_nonzero(nonzero < thresholds.normal)))
@@ -259,9 +259,12 @@ class _StatBuilder:
         return True
 
     def _stat_nodes(self, b: GraphBuilder, value: str) -> str:
-        """Nodes computing [max |x|, nonzero count, count below each threshold] (shape [4])."""
+        """Nodes computing [max |x| over the finite elements (from opset 9, which has Where), nonzero
+        count, count below each threshold] (shape [4])."""
         zero = b.const(np.zeros(1, np.float32))
         flat = b.op("Reshape", b.op("Abs", value), b.ints([-1]))
+        if b.opset >= 9:
+            flat = b.op("Where", b.op("Less", flat, b.const(np.array([np.inf], np.float32))), flat, zero)
         padded = b.op("Concat", flat, zero, axis=0)
         peak = b.op("ReduceMax", padded, keepdims=1)
         nonzero = b.op("Cast", b.op("Greater", padded, zero), to=TensorProto.FLOAT)
