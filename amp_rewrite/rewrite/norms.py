@@ -110,7 +110,7 @@ def layer_norms_end_regions(analysis: Analysis) -> bool:
 def fused_layer_norm_reads(analysis: Analysis) -> dict[Use, Use | None]:
     """The reads that ONNX Runtime's LayerNormFusion takes into one LayerNormalization, for each
     written-out LayerNorm ``Add(Mul(Div(d, rms(d)), scale), bias)`` of ``d = Sub(x, ReduceMean(x))``
-    (constant scale and bias): the statistics' reads of ``x`` map to the weight's read of the
+    (scale and bias one-dimensional constants): the statistics' reads of ``x`` map to the weight's read of the
     scaling (the fused norm reads ``x`` in the weight's precision), and that read maps to None
     (inside the fused norm). Its Casts are fused too where ``x``, scale and bias share a type."""
     index, found = analysis.index, {}
@@ -133,7 +133,7 @@ def fused_layer_norm_reads(analysis: Analysis) -> dict[Use, Use | None]:
 
 def _affine_reader(analysis: Analysis, key: ValueKey, op_type: str) -> tuple[Node, int] | None:
     """(the node, the input it reads ``key`` at) where ``key``'s one reader is an ``op_type`` of
-    it and a constant, else None."""
+    it and a one-dimensional constant (as LayerNormFusion takes a weight or bias), else None."""
     value = analysis.index.values.get(key)
     if value is None or len(value.uses) != 1 or value.output_of:
         return None
@@ -142,4 +142,6 @@ def _affine_reader(analysis: Analysis, key: ValueKey, op_type: str) -> tuple[Nod
     if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2:
         return None
     other = analysis.index.values.get(node.inputs[1 - at])
-    return (node, at) if other is not None and analysis.is_offline(other) else None
+    if other is None or not analysis.is_offline(other) or other.shape is None or len(other.shape) != 1:
+        return None
+    return node, at
