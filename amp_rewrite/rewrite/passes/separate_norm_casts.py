@@ -58,7 +58,7 @@ class SeparateNormCasts:
         separated = 0
         for graph_id in graphs_with_means:
             graph = index.graphs[graph_id].proto
-            type_of = _types(analysis, graph_id, graph, deferred or {})
+            type_of = _types(analysis, graph_id, graph, (deferred or {}) if graph_id == 0 else {})
             # from the last: the positions of earlier ones stay valid
             for position, name, readers in sorted(_separations(graph, type_of), reverse=True):
                 names = names or Names.of_model(index.model)
