@@ -306,6 +306,22 @@ def test_convert_holds_no_file_of_its_input_open_after(relative: bool, tmp_path:
     assert open_files() == set()
 
 
+def test_convert_closes_and_counts_its_input_data_file_not_its_outputs(tmp_path: Path) -> None:
+    """A model with external data: its data file is closed once the output is written, and the
+    report's size before is the input's files, though the save points the tensors at the
+    output's data file (listed after the save, the input's file stayed open and the output's
+    was counted as the input's)."""
+    from models import builders
+
+    source = builders.save_with_external_data(builders.transformer(blocks=2), tmp_path / "t.onnx")
+    out, report = convert(source, tmp_path / "mixed.onnx")
+    fds = Path("/proc/self/fd")
+    assert not {p.resolve() for p in fds.iterdir() if p.exists()} & {tmp_path / "t.onnx.data"}
+    assert report.bytes_before == sum((tmp_path / f).stat().st_size for f in ("t.onnx", "t.onnx.data"))
+    assert report.bytes_after == sum((tmp_path / f).stat().st_size for f in ("mixed.onnx", "mixed.onnx.data"))
+    assert report.bytes_after < 0.55 * report.bytes_before
+
+
 def test_check_on_borrowed_models_gives_what_it_gives_on_loaded_ones(tmp_path: Path, monkeypatch) -> None:
     """``check`` leaves both large models' float weights in their files (ONNX Runtime reads
     them in its children): the same figures, float32 and mixed, emulated and as deployed, and
