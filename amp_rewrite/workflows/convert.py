@@ -15,7 +15,6 @@ import onnx
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
-from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import close_data_file, data_file
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -65,7 +64,7 @@ def _convert(model, output, options: ConvertOptions):
     loaded = time.perf_counter()
     bytes_before = None if kind == "path" else proto.ByteSize()
     # listed now: the save points the tensors at the output's files
-    inputs = _input_files(model, (t for g in iter_graphs(proto.graph) for t in g.initializer)) if kind == "path" else []
+    inputs = _input_files(model, io.initializers(proto)) if kind == "path" else []
     validation = None
     if options.validate:
         from amp_rewrite.workflows.validate import convert_validated  # its numerics: only when asked
