@@ -111,3 +111,59 @@ def test_casts_inserted_in_place_or_by_rebuilding_the_node_list_agree(name: str,
     monkeypatch.setattr(graph, "INSERT_MOVES", 0)
     rebuilt, _ = convert(SAMPLES[name], **options)
     assert rebuilt.SerializeToString() == inserted.SerializeToString()
+
+
+def _fused(m: onnx.ModelProto, op_type: str, tmp_path) -> int:
+    """How many ``op_type`` nodes ONNX Runtime (CPU, all optimizations) makes of ``m``."""
+    from amp_rewrite.runtime import instrument
+
+    path = tmp_path / "optimized.onnx"
+    instrument.session(m, optimize="all", save_optimized=path)
+    return sum(n.op_type == op_type for n in onnx.load(path).graph.node)
+
+
+def test_the_shapes_a_shapeless_model_was_inferred_are_declared_as_converted(tmp_path):
+    """The encoder declares no value info; the conversion declares what shape inference found,
+    each entry typed as converted (strict inference agrees). ONNX Runtime's own inference
+    finds no rank behind the attention's Reshapes, and its SkipLayerNormalization fusion needs
+    one: the conversion's residual Adds and LayerNorms fuse only with the declarations. A
+    conversion that keeps every node float32 changes nothing, declarations included."""
+    m = builders.transformer(blocks=2)
+    assert not m.graph.value_info
+    out, _ = convert(m)
+    declared = {v.name: v.type.tensor_type.elem_type for v in out.graph.value_info}
+    computed = {o for n in m.graph.node for o in n.output} - {o.name for o in m.graph.output}
+    assert computed <= set(declared)
+    strict = onnx.shape_inference.infer_shapes(out, strict_mode=True)
+    assert all(declared[v.name] == v.type.tensor_type.elem_type for v in strict.graph.value_info if v.name in declared)
+    assert onnx.TensorProto.FLOAT16 in declared.values()
+    undeclared = onnx.ModelProto()
+    undeclared.CopyFrom(out)
+    undeclared.graph.ClearField("value_info")
+    assert _fused(out, "SkipLayerNormalization", tmp_path) == 1
+    assert _fused(undeclared, "SkipLayerNormalization", tmp_path) == 0
+    assert convert(out)[0] == out  # converting again changes nothing
+    assert convert(m, keep_fp32_ops=sorted({n.op_type for n in m.graph.node}))[0] == m
+
+
+@pytest.mark.parametrize("shape", [None, [], [1, 128, 768], ["batch", None, 3], ["d" * 300, *range(1, 40)]])
+@pytest.mark.parametrize("source", [onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16])
+def test_a_declared_type_is_retyped_as_protobuf_would_write_it(source: int, shape) -> None:
+    """``DeclareInferredShapes`` retypes an inferred type's bytes where the element type is one
+    byte (in place) and parses them otherwise: both give protobuf's own bytes."""
+    from amp_rewrite.rewrite.passes.declare_inferred_shapes import _with_elem_type
+
+    serialized = onnx.helper.make_tensor_type_proto(source, shape).SerializeToString()
+    for target in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT, 200):
+        expected = onnx.TypeProto.FromString(serialized)
+        expected.tensor_type.elem_type = target
+        assert _with_elem_type(serialized, target) == expected.SerializeToString()
+
+
+def test_a_graph_that_declares_value_info_keeps_its_own() -> None:
+    """Declarations go only to graphs that declare none: an exporter's own are left as written."""
+    m = builders.transformer(blocks=1)
+    first = m.graph.node[0].output[0]
+    m.graph.value_info.add(name=first).type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    out, _ = convert(m)
+    assert [v.name for v in out.graph.value_info] == [first]

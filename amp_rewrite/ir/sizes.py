@@ -68,6 +68,10 @@ class InferredTypes:
         found = self._types[graph_id].get(name) if graph_id < len(self._types) else None
         return None if found is None else tensor_type(onnx.TypeProto.FromString(found))
 
+    def serialized(self, graph_id: int) -> dict[str, bytes]:
+        """Each inferred value of the graph ``graph_id`` and its serialized TypeProto."""
+        return self._types[graph_id] if graph_id < len(self._types) else {}
+
 
 @functools.cache
 def _infos_type() -> type:

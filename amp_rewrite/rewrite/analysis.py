@@ -64,7 +64,8 @@ class Analysis:
     """What ``MeasureRanges.settle`` judges once the measurement is in."""
     inferred: InferredTypes | None = None
     """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
-    costs, which drops them; None: inferred when a cost first needs a shape the model lacks."""
+    costs, then declared in the model by ``DeclareInferredShapes``, which drops them; None:
+    inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
         self.policy = Policy(self.options.provider, self.options.policy,

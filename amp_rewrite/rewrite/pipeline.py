@@ -1,10 +1,10 @@
 """The numbered pipeline: the model's own functions are inlined, analysis passes color it,
-then ``InsertCasts`` edits it and ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion
-from breaking the result.
+then ``InsertCasts`` edits it, ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion
+from breaking the result, and ``DeclareInferredShapes`` declares the shapes the analysis inferred.
 
 0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. KeepRmsEpsilons  9. ChooseMinCasts
-10. InsertCasts  11. SeparateNormCasts
+10. InsertCasts  11. SeparateNormCasts  12. DeclareInferredShapes
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes import ANALYSIS, InlineFunctions, InsertCasts, MeasureRanges, SeparateNormCasts
+from amp_rewrite.rewrite.passes import (
+    ANALYSIS,
+    DeclareInferredShapes,
+    InlineFunctions,
+    InsertCasts,
+    MeasureRanges,
+    SeparateNormCasts,
+)
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.passes.measure_ranges import Measurement
 from amp_rewrite.runtime.isolate import release_free_memory
@@ -88,6 +95,9 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
         stats = InsertCasts(defer).run(analysis)
         SeparateNormCasts().run(analysis, stats.deferred)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
+        started = time.perf_counter()
+        DeclareInferredShapes().run(analysis, stats.retyped)
+        analysis.seconds[DeclareInferredShapes.__name__] = time.perf_counter() - started
         return analysis, stats
 
 

@@ -142,7 +142,7 @@ def _stages(steps: Counter[str]) -> dict[str, float]:
     """The report's breakdown: the steps (loads, passes, saves) grouped as load, analysis,
     range check, rewrite and save."""
     special = {_LOAD: "load", _SAVE: "save", "MeasureRanges": "range check", _SETTLE: "range check",
-               "InsertCasts": "rewrite"}
+               "InsertCasts": "rewrite", "DeclareInferredShapes": "rewrite"}
     stages = {"load": 0.0, "analysis": 0.0, "range check": 0.0, "rewrite": 0.0, "save": 0.0}
     for step, seconds in steps.items():
         stages[special.get(step, "analysis")] += seconds

@@ -1,12 +1,14 @@
 """The graph passes, one per module, in the order ``convert`` runs them.
 
 ``InlineFunctions`` first replaces calls of the model's own functions by their bodies;
-analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
-and ``SeparateNormCasts`` mends what it made for ONNX Runtime's LayerNorm fusion.
+analysis passes refine a coloring and edit nothing; ``DeclareInferredShapes`` writes the
+shapes they inferred into the model, ``InsertCasts`` changes it, and ``SeparateNormCasts``
+mends what it made for ONNX Runtime's LayerNorm fusion.
 """
 
 from amp_rewrite.rewrite.passes.choose_min_casts import ChooseMinCasts
 from amp_rewrite.rewrite.passes.color_by_policy import ColorByPolicy
+from amp_rewrite.rewrite.passes.declare_inferred_shapes import DeclareInferredShapes
 from amp_rewrite.rewrite.passes.find_candidates import FindCandidates
 from amp_rewrite.rewrite.passes.infer_types import InferTypes
 from amp_rewrite.rewrite.passes.inline_functions import InlineFunctions
@@ -21,6 +23,6 @@ from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
             PropagateDeny, KeepRmsEpsilons, ChooseMinCasts)
 
-__all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "FindCandidates", "InferTypes", "InlineFunctions",
-           "InsertCasts", "KeepRmsEpsilons", "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges",
-           "PropagateDeny", "SeparateNormCasts"]
+__all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "DeclareInferredShapes", "FindCandidates", "InferTypes",
+           "InlineFunctions", "InsertCasts", "KeepRmsEpsilons", "KeepTruncatedValues", "KeepUnfitConstants",
+           "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]

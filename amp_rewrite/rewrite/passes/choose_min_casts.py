@@ -34,7 +34,6 @@ class ChooseMinCasts:
 
     def run(self, analysis: Analysis) -> None:
         sizes = ValueSizes(analysis.index, analysis.inferred)
-        analysis.inferred = None  # no later pass reads shapes: its memory goes with this pass
         free = set(analysis.coloring.free_nodes())
         if not free:
             return

@@ -10,7 +10,7 @@ import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
 from amp_rewrite.ir.builder import GraphBuilder, Names
-from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value
+from amp_rewrite.ir.graph import INITIALIZER, Node, PendingInserts, Value, ValueKey
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, convert_embedded, read_array
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
@@ -27,6 +27,8 @@ class RewriteStats:
     deferred: dict[str, Precision] = field(default_factory=dict)
     """Top-level initializers still float32 in memory, to be converted as they are saved
     (``InsertCasts(defer=True)``; pass them to ``io.save``)."""
+    retyped: dict[ValueKey, int] = field(default_factory=dict)
+    """The element type of each value whose type the rewrite changed."""
 
 
 class InsertCasts:
@@ -189,6 +191,7 @@ class InsertCasts:
         return self.low if color is Color.LOW else FLOAT
 
     def _set_type(self, graph_id: int, name: str, elem_type: int) -> None:
+        self.stats.retyped[graph_id, name] = elem_type
         for info in self.infos[graph_id].get(name, ()):
             if info.type.HasField("tensor_type"):
                 info.type.tensor_type.elem_type = elem_type
