@@ -1,9 +1,9 @@
 """The graph passes, one per module, in the order ``convert`` runs them.
 
 ``InlineFunctions`` first replaces calls of the model's own functions by their bodies;
-analysis passes refine a coloring and edit nothing; ``DeclareInferredShapes`` writes the
-shapes they inferred into the model, ``InsertCasts`` changes it, and ``SeparateNormCasts``
-mends what it made for ONNX Runtime's LayerNorm fusion.
+analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
+``SeparateNormCasts`` mends what it made for ONNX Runtime's LayerNorm fusion, and
+``DeclareInferredShapes`` writes the shapes the analysis inferred into it.
 """
 
 from amp_rewrite.rewrite.passes.choose_min_casts import ChooseMinCasts
