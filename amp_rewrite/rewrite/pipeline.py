@@ -93,7 +93,7 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
         release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)
-        SeparateNormCasts().run(analysis, stats.deferred)
+        SeparateNormCasts().run(analysis, stats)
         analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
         started = time.perf_counter()
         DeclareInferredShapes().run(analysis, stats.retyped)

@@ -9,9 +9,10 @@ import onnx
 from onnx import helper
 
 from amp_rewrite.ir.builder import Names
+from amp_rewrite.ir.graph import ValueKey
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.analysis import Analysis
-from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 
 MIN_OPSET = 5
 """Reshape reads its target as an input from opset 5."""
@@ -46,9 +47,9 @@ class SeparateNormCasts:
       Reshape, and the LayerNorm is not fused.
     """
 
-    def run(self, analysis: Analysis, deferred: Mapping[str, Precision] | None = None) -> int:
-        """Separate every such LayerNorm; returns how many. ``deferred``: the top-level
-        initializers that ``io.save`` will convert (``RewriteStats.deferred``)."""
+    def run(self, analysis: Analysis, stats: RewriteStats) -> int:
+        """Separate every such LayerNorm; returns how many. ``stats``: what InsertCasts did (the
+        values it retyped, the top-level initializers that ``io.save`` will convert)."""
         index = analysis.index
         if index.opsets.get("", 1) < MIN_OPSET:
             return 0
@@ -58,7 +59,7 @@ class SeparateNormCasts:
         separated = 0
         for graph_id in graphs_with_means:
             graph = index.graphs[graph_id].proto
-            type_of = _types(analysis, graph_id, graph, (deferred or {}) if graph_id == 0 else {})
+            type_of = _types(analysis, graph_id, graph, stats.deferred if graph_id == 0 else {}, stats.retyped)
             # from the last: the positions of earlier ones stay valid
             for position, name, readers in sorted(_separations(graph, type_of), reverse=True):
                 names = names or Names.of_model(index.model)
@@ -162,8 +163,8 @@ def _only_reader(name: str, readers: Mapping[str, list[onnx.NodeProto]], outputs
     return found[0]
 
 
-def _types(analysis: Analysis, graph_id: int, graph: onnx.GraphProto,
-           deferred: Mapping[str, Precision]) -> Callable[[str], int | None]:
+def _types(analysis: Analysis, graph_id: int, graph: onnx.GraphProto, deferred: Mapping[str, Precision],
+           retyped: Mapping[ValueKey, int]) -> Callable[[str], int | None]:
     """The element type of a value of ``graph`` after InsertCasts, by name (None: unknown)."""
     known: dict[str, int] = {}
     for info in (*graph.input, *graph.value_info, *graph.output):
@@ -180,7 +181,6 @@ def _types(analysis: Analysis, graph_id: int, graph: onnx.GraphProto,
             value = next((a for a in node.attribute if a.name == "value"), None)
             if value is not None:
                 known[node.output[0]] = value.t.data_type
-    low = analysis.precision.onnx_type
 
     def type_of(name: str) -> int | None:
         if name in known:
@@ -188,6 +188,6 @@ def _types(analysis: Analysis, graph_id: int, graph: onnx.GraphProto,
         value = analysis.index.values.get((graph_id, name))
         if value is None or not value.elem_type:
             return None
-        return low if analysis.producer_color(value) is Color.LOW else value.elem_type
+        return retyped.get(value.key, value.elem_type)
 
     return type_of
