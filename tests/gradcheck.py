@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from amp_rewrite.ir.tensors import initializer_to_input
 from amp_rewrite.training import gradient_model
 from tests.gradcases import Case
+from tests.reference_ops import evaluator
 
 EPS = 1e-6
 
@@ -32,7 +32,7 @@ def case_model(case: Case, dtype=np.float64) -> tuple[onnx.ModelProto, list[str]
     outs = [f"out{k}" for k in range(count)]
     node = helper.make_node(case.op, names, outs, domain=case.domain or None, **case.attrs)
     forward = _model([node], inits, [], case.opset, outs, dtype)
-    values = dict(zip(outs, ReferenceEvaluator(forward).run(None, {})))
+    values = dict(zip(outs, evaluator(forward).run(None, {})))
     nodes, loss_terms = [node], []
     for k in case.outputs:
         out = values[outs[k]]
@@ -66,7 +66,7 @@ def analytic(model: onnx.ModelProto, wrt: list[str], runner: str = "reference") 
     onnx.checker.check_model(grad, full_check=True)
     names = [f"{w}_grad" for w in wrt]
     if runner == "reference":
-        return dict(zip(names, ReferenceEvaluator(grad).run(names, {})))
+        return dict(zip(names, evaluator(grad).run(names, {})))
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -103,7 +103,7 @@ def _loss(model: onnx.ModelProto, name: str, array: np.ndarray, runner: str) -> 
             t.CopyFrom(numpy_helper.from_array(array, name))
     if runner == "ort":
         return float(ort_run(m, {}, ["loss"])["loss"])
-    return float(ReferenceEvaluator(m).run(["loss"], {})[0])
+    return float(evaluator(m).run(["loss"], {})[0])
 
 
 def assert_close(got: dict, want: dict, rtol: float, atol: float, label: str) -> None:

@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 import onnx.parser
 from onnx import TensorProto, numpy_helper
-from onnx.reference import ReferenceEvaluator
+
+from tests.reference_ops import evaluator
 
 LOW_TYPES = {TensorProto.FLOAT16: "low", TensorProto.BFLOAT16: "low", TensorProto.FLOAT: "fp32"}
 
@@ -63,7 +64,7 @@ def cast_targets(converted: onnx.ModelProto) -> Counter:
 def run(m: onnx.ModelProto, **feeds: np.ndarray) -> list[np.ndarray]:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        return ReferenceEvaluator(m).run(None, feeds)
+        return evaluator(m).run(None, feeds)
 
 
 def _graphs(graph: onnx.GraphProto):

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto
-from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops.op_conv import Conv
 from onnx.reference.ops.op_gemm import Gemm_7
 from onnx.reference.ops.op_matmul import MatMul
 
 from amp_rewrite import convert
+from tests.reference_ops import evaluator
 
 RTOL = 1e-2
 """fp16 tolerance: 10 ulps of float16 relative to each element ..."""
@@ -60,13 +60,14 @@ the reference evaluator's float16 products take minutes on a VGG."""
 
 
 def evaluate(model: onnx.ModelProto, feeds: dict, accumulate: bool = False) -> list:
-    """Outputs from onnx's reference evaluator, or from ONNX Runtime's CPU provider for
-    the few ops the evaluator lacks (Scatter) or gets wrong (Scan with an outer-scope sum).
+    """Outputs from onnx's reference evaluator (``reference_ops``: its wrong ops corrected), or
+    from ONNX Runtime's CPU provider for the few ops the evaluator lacks (Scatter) or gets wrong
+    (Scan with an outer-scope sum).
     ``accumulate``: matrix products and convolutions of float16 values accumulate in float32."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
-            return ReferenceEvaluator(model, new_ops=ACCUMULATING_IN_FLOAT32 if accumulate else None).run(None, feeds)
+            return evaluator(model, ACCUMULATING_IN_FLOAT32 if accumulate else None).run(None, feeds)
         except Exception:
             import onnxruntime as ort
 

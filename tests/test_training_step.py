@@ -253,3 +253,34 @@ def _value_types(model: onnx.ModelProto):
     from amp_rewrite.ir.types import typed_index
 
     return {v.elem_type for v in typed_index(model).all_values()}
+
+
+def _old_softmax_model(opset: int) -> onnx.ModelProto:
+    """x[N,4] -> MatMul(3) -> Reshape [N,3,1,1] -> Softmax (no axis: before opset 13, axis 1 and
+    every axis after it, as SqueezeNet's output is made)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (4, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([-1, 3, 1, 1], np.int64), "shape")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Reshape", ["z", "shape"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["probs"])]
+    graph = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 3, 1, 1])], [w, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+
+
+def test_cross_entropy_on_an_old_softmax_is_the_log_of_its_probabilities():
+    """``build`` upgrades the model before attaching the loss; attached directly, an opset-12
+    model is refused (its softmax terms differ), not given a loss over the wrong axis."""
+    from amp_rewrite.errors import UserError
+    from amp_rewrite.runtime import instrument
+    from amp_rewrite.training import attach_loss
+
+    model = _old_softmax_model(12)
+    batch = {"x": np.random.default_rng(2).normal(0, 1, (5, 4)).astype(np.float32),
+             "labels": np.array([[[0]], [[2]], [[1]], [[2]], [[0]]], np.int64)}
+    probs = instrument.run(instrument.session(model), {"x": batch["x"]})["probs"].astype(np.float64)
+    want = -np.mean(np.log(np.take_along_axis(probs, batch["labels"][:, None], axis=1)))
+    step = build(model, loss="cross-entropy", output="probs", optimizer_spec="sgd", precision="float32",
+                 loss_scale="none")
+    assert Trainer(step, lr=0.0).step(batch).loss == pytest.approx(want, rel=1e-5)
+    with pytest.raises(UserError, match="opset 13 or later; the model is at opset 12"):
+        attach_loss(model, "cross-entropy", "probs", "labels")

@@ -20,11 +20,14 @@ from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
+from amp_rewrite.ir.opsets import default_opset
 from amp_rewrite.ir.types import typed_index
 
 LOSSES = ("cross-entropy", "mse")
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 LOSS_NAME = "loss"
+MIN_OPSET = 13
+"""Where Softmax and LogSoftmax take one axis, default -1: cross-entropy's opset in ``attach_loss``."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,15 @@ class AttachedLoss:
 
 def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> AttachedLoss:
     """Append ``kind``'s loss on ``output`` to ``proto`` (in place), with a graph input ``labels``
-    and a scalar float output ``loss``."""
+    and a scalar float output ``loss``. For cross-entropy the model must be at opset 13 or later
+    (``build`` upgrades it first): before, the softmax family normalizes over every axis from
+    ``axis`` on and defaults to axis 1, and the log-probabilities would need other terms."""
     if kind not in LOSSES:
         raise UserError(f"unknown loss {kind!r}; choose one of: {', '.join(LOSSES)}")
+    opset = default_opset(proto)
+    if kind == "cross-entropy" and (opset is None or opset < MIN_OPSET):
+        raise UserError(f"a cross-entropy loss is attached at opset {MIN_OPSET} or later; the model is at opset "
+                        f"{opset} (onnx.version_converter upgrades it)")
     index = typed_index(proto)
     graph = proto.graph
     outputs = {o.name: o for o in graph.output}

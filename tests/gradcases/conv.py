@@ -1,13 +1,11 @@
 """Cases for convolutions, pools, Pad, Resize and LRN.
 
 Limits of the reference evaluator (which computes the finite differences and runs every
-gradient graph) shape some cases:
+gradient graph; ``tests/reference_ops`` corrects its LRN) shape some cases:
 - its MaxPool returns no ``Indices`` when every stride and dilation is 1, so MaxPool cases
   have a stride or dilation above 1 on some axis (the rule adds an Indices output);
 - its pools in ceil_mode place the windows wrongly when the last window overhangs the pads
   by two or more positions, so ceil_mode cases overhang by one;
-- its LRN loops over the batch axis instead of the channel axis, which is right only when
-  the batch equals the channel count: LRN cases have N == C;
 - its grouped ConvTranspose is right only with one input and one output channel per group
   and no bias: grouped cases here are depthwise (Conv's input gradient is a grouped
   ConvTranspose), and ConvTranspose's output_shape fails in it;
@@ -105,10 +103,10 @@ CASES = [
     Case("GlobalAveragePool", {"x": normal(2, 3, 3, 4)}),
     Case("GlobalAveragePool", {"x": normal(2, 3, 5)}, id="1d"),
     Case("GlobalMaxPool", {"x": distinct(2, 3, 3, 4)}),
-    # -- LRN (N == C: see the module docstring)
-    Case("LRN", {"x": normal(3, 3, 2, 2)}, {"size": 3, "alpha": 0.2, "beta": 0.75, "bias": 1.5}, id="size3"),
-    Case("LRN", {"x": normal(5, 5, 2, 1)}, {"size": 5}, id="size5-defaults"),
-    Case("LRN", {"x": normal(4, 4, 1, 2)}, {"size": 2, "alpha": 0.5, "beta": 0.6, "bias": 2.0}, id="even-size",
+    # -- LRN
+    Case("LRN", {"x": normal(2, 5, 2, 2)}, {"size": 3, "alpha": 0.2, "beta": 0.75, "bias": 1.5}, id="size3"),
+    Case("LRN", {"x": normal(1, 6, 2, 1)}, {"size": 5}, id="size5-defaults"),
+    Case("LRN", {"x": normal(3, 4, 1, 2)}, {"size": 2, "alpha": 0.5, "beta": 0.6, "bias": 2.0}, id="even-size",
          ort=False),  # ONNX Runtime's LRN takes odd sizes only
     # -- Pad: constant (with its constant_value differentiated), reflect, edge, wrap, axes
     Case("Pad", {"x": normal(2, 3), "pads": ints([1, 0, 2, 1]), "value": np.array(0.5)}, id="constant"),
