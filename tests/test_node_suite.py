@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from tests.node_suite import float_cases, run_case
+from tests.node_suite import MODEL_DIR_KINDS, float_cases, model_dir_cases, run_case
 
 LOW_IO_EXCEPTIONS = {
     r"test_(log)?softmax_large_number.*": "inputs 10000..10003 are 8 apart in float16: the float16 graph input "
@@ -73,3 +73,15 @@ def test_node_cases_convert_check_and_match(mode: str) -> None:
     assert converted_low > (900 if mode == "low-io" else 200), "too few cases exercised low precision"
     assert not failures, f"{len(failures)} of {total} cases fail:\n" + "\n".join(failures)
     assert not unexpected_passes, f"listed as exceptions but now pass: {unexpected_passes}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(MODES))
+def test_model_directories_convert_check_and_match(mode: str) -> None:
+    """onnx's model test directories (``MODEL_DIR_KINDS``: 117 PyTorch exports of modules and
+    operators at opsets 6-9, and 23 hand-written models) run as the node cases do; no exceptions."""
+    results = [run_case(case, **MODES[mode]) for case in model_dir_cases()]
+    failures = [f"{r.name}: {r.detail}" for r in results if not r.ok]
+    assert len(results) >= 140, f"the model directories of {MODEL_DIR_KINDS} were not all found"
+    assert sum(r.low_nodes > 0 for r in results) > (90 if mode == "low-io" else 25), "too few ran low precision"
+    assert not failures, f"{len(failures)} of {len(results)} cases fail:\n" + "\n".join(failures)
