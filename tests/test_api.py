@@ -7,7 +7,9 @@ import onnx_ir as ir
 import pytest
 
 from amp_rewrite import ConvertOptions, Report, UserError, convert
+from amp_rewrite.rewrite.report import REASON_WIDTH, _reason_kind
 from models import builders
+from tests.helpers import model
 
 
 def test_model_proto_in_model_proto_out_and_argument_untouched() -> None:
@@ -59,3 +61,12 @@ def test_proto_with_unloaded_external_data_is_refused(tmp_path) -> None:
     path = builders.save_with_external_data(builders.transformer(), tmp_path / "t.onnx")
     with pytest.raises(UserError, match="external data that is not loaded"):
         convert(onnx.load(path, load_external_data=False))
+
+
+def test_summary_names_a_reason_whole_or_marks_it_cut() -> None:
+    """A kernel reason keeps its opset; one too long for the summary line ends in "..."."""
+    m = model("(float[2,3] x, float[2,3] y) => (float[2,3] z) { z = Add(x, y) }", opset=6)
+    summary = convert(m, range_check="off")[1].summary()
+    assert "CUDAExecutionProvider has no float16 kernel for Add at opset 6\n" in summary
+    long = "value " + "'" + "a" * 80 + "' reached 1e9 on generated inputs, beyond 4094"
+    assert _reason_kind(long).endswith(" ...") and len(_reason_kind(long)) <= REASON_WIDTH + 4

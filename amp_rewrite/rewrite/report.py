@@ -104,7 +104,16 @@ def _row(decision: NodeDecision) -> dict[str, str]:
 
 
 def _reason_kind(reason: str) -> str:
-    return reason.split(":")[0] if ":" in reason[:40] else reason[:60]
+    """What the summary counts reasons by: the words before a colon near the start, else the
+    reason, cut at a word (marked ``...``) past ``REASON_WIDTH`` characters."""
+    if ":" in reason[:40]:
+        return reason.split(":")[0]
+    return reason if len(reason) <= REASON_WIDTH else reason[:REASON_WIDTH].rsplit(" ", 1)[0] + " ..."
+
+
+REASON_WIDTH = 72
+"""Wide enough for "CUDAExecutionProvider has no float16 kernel for Add at opset 6" (cut at 60
+characters, the opset went missing)."""
 
 
 def _size(n: int) -> str:
