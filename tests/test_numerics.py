@@ -338,6 +338,18 @@ def test_cli_check_exit_codes_and_reports(tmp_path) -> None:
     assert main(["check", str(original), str(good), "--metric", "nope"]) == 2
 
 
+def test_check_of_a_model_onnxruntime_cannot_run_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    """ONNX Runtime has no kernels before opset 7: its refusal is the user's to hear of, not an internal error."""
+    path = tmp_path / "old.onnx"
+    onnx.save(model("(float[2,3] x, float[2,3] y) => (float[2,3] z) { z = Add(x, y) }", opset=6), path)
+    capsys.readouterr()
+    assert main(["check", str(path), str(path), "--random", "1"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("amp-rewrite: error: onnxruntime cannot run the float32 model on "
+                               "CPUExecutionProvider: ") and "Add(6)" in lines[0], lines
+
+
 def test_wrong_input_data_is_a_user_error(tmp_path) -> None:
     m = _layer_norm_model()
     np.savez(tmp_path / "bad.npz", x=np.zeros((3, 3), np.float32))

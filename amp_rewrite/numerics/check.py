@@ -146,10 +146,11 @@ def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data:
     def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
         exposed = instrument.expose(runnable, watch, thresholds)
-        progress(f"creating the {what}'s session on {provider}")
-        session = instrument.session(exposed.model, base_dir, provider, optimize=optimize)
-        progress(f"running the {what} on {provider}")
-        results = [instrument.run(session, sample) for sample in data]
+        with instrument.refusals(f"the {what}", provider):
+            progress(f"creating the {what}'s session on {provider}")
+            session = instrument.session(exposed.model, base_dir, provider, optimize=optimize)
+            progress(f"running the {what} on {provider}")
+            results = [instrument.run(session, sample) for sample in data]
         measured = (instrument.merge(instrument.measure(exposed, r, thresholds) for r in results)
                     if thresholds else {})
         return Runs(results, measured)

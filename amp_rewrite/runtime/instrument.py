@@ -11,8 +11,9 @@ measures every value of the model, nested ones included.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -353,6 +354,22 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
         raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
                         f"the session got {', '.join(created.get_providers())}")
     return created
+
+
+@contextlib.contextmanager
+def refusals(what: str, provider: str) -> Iterator[None]:
+    """ONNX Runtime's own errors in the block (it refuses the model, or a run fails) as one
+    ``UserError`` naming ``what``: a model ONNX Runtime cannot run is the user's to hear of,
+    in one line; any other exception is left as it is."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise UserError(f"onnxruntime cannot run {what} on {provider}: {said}") from None
 
 
 def run(sess, feeds: Mapping[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
