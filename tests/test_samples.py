@@ -168,6 +168,16 @@ def test_a_model_that_no_set_runs_is_still_converted_with_the_check_skipped() ->
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model")
     assert colors(out)["allow1"] == "low"
+    assert any("Pass inputs the model accepts" in note for note in report.notes), report.notes
+
+
+def test_below_onnxruntime_s_opsets_the_check_advises_an_upgrade_not_inputs() -> None:
+    m = model("(float[2,3] x, float[2,3] y) => (float[2,3] z) { [allow] z = Mul(x, y) }", opset=6)
+    report = convert(m, provider=None)[1]
+    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model")
+    warning = next(note for note in report.notes if note.startswith("warning: NO RANGE WAS MEASURED"))
+    assert "ONNX Runtime runs opset 7 and later and this model is at opset 6: upgrade it" in warning, warning
+    assert "Pass inputs" not in warning
 
 
 def test_attempts_are_deterministic_few_and_distinct() -> None:

@@ -144,8 +144,8 @@ class MeasureRanges:
         analysis.range_check = f"NOT RUN: {why}"
         analysis.notes.append(
             f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
-            f"{analysis.precision.value} were not checked for overflow ({names}{more}). Pass inputs the model "
-            f"accepts (--inputs S.npz or --shape NAME:DIMS), or --range-check on to make this an error.")
+            f"{analysis.precision.value} were not checked for overflow ({names}{more}). {_advice(analysis)}, "
+            f"or --range-check on to make this an error.")
 
     def _apply_record(self, analysis: Analysis) -> None:
         kept = recorded_fp32(analysis.index.model)
@@ -290,6 +290,20 @@ class Measurement:
         if self._started is not None:
             self._started.close()
             self._started = None
+
+
+def _advice(analysis: Analysis) -> str:
+    """What makes a range check run that did not: inputs the model accepts, or, below the
+    opsets ONNX Runtime has kernels for, an upgraded model."""
+    opset = analysis.index.opsets.get("")
+    if opset is not None and opset < ORT_MIN_OPSET:
+        return (f"ONNX Runtime runs opset {ORT_MIN_OPSET} and later and this model is at opset {opset}: "
+                "upgrade it (onnx.version_converter)")
+    return "Pass inputs the model accepts (--inputs S.npz or --shape NAME:DIMS)"
+
+
+ORT_MIN_OPSET = 7
+"""The oldest default-domain opset ONNX Runtime has kernels for (it has none for Add-6)."""
 
 
 def _measure(analysis: Analysis, watched: list[Value],
