@@ -6,7 +6,8 @@ versions of amp-rewrite ("the decisions are unchanged or better"):
     python benchmarks/decisions.py --compare before.json after.json
 
 A snapshot holds, for each model (the bundled samples, onnx's light models as shipped and
-with random weights, every float case of the ONNX backend node suite), each node's
+with random weights, every float case of the ONNX backend node suite, onnx's model test
+directories with data), each node's
 precision and reason, the casts inserted and the range check's line, from ``convert`` with
 its defaults. ``--compare`` prints the models whose decisions differ (precisions first) and
 exits 1 when any do.
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from amp_rewrite import UserError, convert  # noqa: E402
 from models import builders, light  # noqa: E402
-from tests.node_suite import float_cases  # noqa: E402
+from tests.node_suite import float_cases, model_dir_cases  # noqa: E402
 
 
 def models() -> Iterator[tuple[str, onnx.ModelProto]]:
@@ -40,6 +41,8 @@ def models() -> Iterator[tuple[str, onnx.ModelProto]]:
         yield f"light-random/{Path(path).stem}", light.randomize_weights(model)
     for case in float_cases():
         yield f"node/{case.name}", case.model
+    for case in model_dir_cases():
+        yield f"model-dir/{case.name}", case.model
 
 
 def decisions(model: onnx.ModelProto) -> dict:
