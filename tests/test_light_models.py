@@ -46,8 +46,9 @@ def _compare(original: onnx.ModelProto, mixed: onnx.ModelProto) -> tuple[float, 
     the float32 one by ONNX Runtime; and whether NaN/Inf appeared in any value compared."""
     feeds = feed(original)
     names = _compared(original)
-    wanted = instrument.run(instrument.session(_exposing(original, names)), feeds, names)
-    exposed = _exposing(mixed, names)
+    keys = [(0, name) for name in names]
+    wanted = instrument.run(instrument.session(instrument.expose(original, keys).model), feeds, names)
+    exposed = instrument.expose(mixed, keys).model
     computed = dict(zip((o.name for o in exposed.graph.output), evaluate(exposed, feeds, accumulate=True)))
     wants, gots = ([np.asarray(values[n], np.float64) for n in names] for values in (wanted, computed))
     new_nonfinite = any(bool((~np.isfinite(g) & np.isfinite(w)).any()) for g, w in zip(gots, wants))
@@ -55,15 +56,6 @@ def _compare(original: onnx.ModelProto, mixed: onnx.ModelProto) -> tuple[float, 
     finite = np.isfinite(want) & np.isfinite(got)
     scale = max(float(np.abs(want[finite]).max()), 1e-30) if finite.any() else 1.0
     return float(np.abs(got[finite] - want[finite]).max(initial=0.0)) / scale, new_nonfinite
-
-
-def _exposing(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """``model`` with the values ``names`` among its outputs, last."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    listed = {o.name for o in copy.graph.output}
-    copy.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in listed)
-    return copy
 
 
 @pytest.mark.slow
