@@ -8,7 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_rewrite.training import LossScale, build
+from amp_rewrite.errors import UserError
+from amp_rewrite.runtime import instrument
+from amp_rewrite.training import LossScale, attach_loss, build
 from amp_rewrite.training.trainer import Trainer
 
 
@@ -270,10 +272,6 @@ def _old_softmax_model(opset: int) -> onnx.ModelProto:
 def test_cross_entropy_on_an_old_softmax_is_the_log_of_its_probabilities():
     """``build`` upgrades the model before attaching the loss; attached directly, an opset-12
     model is refused (its softmax terms differ), not given a loss over the wrong axis."""
-    from amp_rewrite.errors import UserError
-    from amp_rewrite.runtime import instrument
-    from amp_rewrite.training import attach_loss
-
     model = _old_softmax_model(12)
     batch = {"x": np.random.default_rng(2).normal(0, 1, (5, 4)).astype(np.float32),
              "labels": np.array([[[0]], [[2]], [[1]], [[2]], [[0]]], np.int64)}
