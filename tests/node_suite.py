@@ -64,6 +64,8 @@ class CaseResult:
     ok: bool
     detail: str = ""
     low_nodes: int = 0
+    range_check: str = ""
+    """The report's line on the range check."""
 
 
 def _accumulating_in_float32(base: type) -> type:
@@ -144,10 +146,11 @@ def run_case(case, keep_io_types: bool, provider: str | None = None) -> CaseResu
     model, report = convert(case.model, provider=provider, keep_io_types=keep_io_types)
     onnx.checker.check_model(model, full_check=passes_full_check(case.model))
     if model.SerializeToString() == case.model.SerializeToString():
-        return CaseResult(case.name, True, "unchanged")
+        return CaseResult(case.name, True, "unchanged", range_check=report.range_check)
     reproduced = reference_reproduces(case)
     if not reproduced and not _runs(case.model, case.data_sets[0][0]):
-        return CaseResult(case.name, True, "no runtime runs the float32 model", report.low_nodes)
+        return CaseResult(case.name, True, "no runtime runs the float32 model", report.low_nodes,
+                          report.range_check)
     inputs_by_name = {v.name: v for v in model.graph.input}
     for inputs, expected in case.data_sets:
         feeds = {info.name: _as_type(array, inputs_by_name[info.name].type.tensor_type.elem_type)
@@ -158,8 +161,9 @@ def run_case(case, keep_io_types: bool, provider: str | None = None) -> CaseResu
         for info, got, want in zip(case.model.graph.output, actual, expected):
             problem = compare(got, want)
             if problem:
-                return CaseResult(case.name, False, f"{info.name}: {problem}", report.low_nodes)
-    return CaseResult(case.name, True, low_nodes=report.low_nodes)
+                return CaseResult(case.name, False, f"{info.name}: {problem}", report.low_nodes,
+                                  report.range_check)
+    return CaseResult(case.name, True, low_nodes=report.low_nodes, range_check=report.range_check)
 
 
 def _numpy(value):

@@ -171,12 +171,31 @@ def test_a_model_that_no_set_runs_is_still_converted_with_the_check_skipped() ->
     assert any("Pass inputs the model accepts" in note for note in report.notes), report.notes
 
 
-def test_below_onnxruntime_s_opsets_the_check_advises_an_upgrade_not_inputs() -> None:
-    m = model("(float[2,3] x, float[2,3] y) => (float[2,3] z) { [allow] z = Mul(x, y) }", opset=6)
+def test_below_onnxruntime_s_opsets_the_check_measures_an_upgraded_copy() -> None:
+    """ONNX Runtime has no kernel for Mul-6: the check runs the model upgraded to opset 7
+    (``instrument.runnable``) and keeps float32 the nodes around the value that overflows
+    float16, while the converted model stays at its own opset."""
+    m = model("""(float[2,15] x, float[2,16] y) => (float[2,16] z) { [allow] p = MatMul(x, w)
+                                                                  [allow1] z = Mul(p, y) }""",
+              {"w": np.full((15, 16), 3000.0, np.float32)}, opset=6)
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured 2 values on generated inputs; 2 do not fit float16"), \
+        report.range_check
+    assert colors(out) == {"allow": "fp32", "allow1": "fp32"}
+    assert "value 'p' reached" in next(d.reason for d in report.decisions if d.node == "allow")
+    assert {o.domain: o.version for o in out.opset_import}[""] == 6
+    x, y = rng().normal(size=(2, 15)).astype(np.float32), np.ones((2, 16), np.float32)
+    np.testing.assert_allclose(run(out, x=x, y=y)[0], (x @ np.full((15, 16), 3000.0)) * y, rtol=1e-5)
+
+
+def test_below_onnxruntime_s_opsets_a_model_the_converter_cannot_upgrade_gets_that_advice() -> None:
+    """Scale is an experimental op onnx no longer knows: the version converter cannot upgrade the
+    model, ONNX Runtime has no Mul-6, and the warning says what to do, not to pass inputs."""
+    m = model("(float[2,3] x) => (float[2,3] z) { [allow] y = Mul(x, x)  z = Scale<scale=2.0>(y) }", opset=6)
     report = convert(m, provider=None)[1]
-    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model")
+    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model"), report.range_check
     warning = next(note for note in report.notes if note.startswith("warning: NO RANGE WAS MEASURED"))
-    assert "ONNX Runtime runs opset 7 and later and this model is at opset 6: upgrade it" in warning, warning
+    assert "onnx.version_converter could not upgrade this model from opset 6" in warning, warning
     assert "Pass inputs" not in warning
 
 

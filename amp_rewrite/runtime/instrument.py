@@ -25,6 +25,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import ModelIndex, ValueKey
+from amp_rewrite.ir.opsets import default_opset, ensure_opset
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import has_subgraphs, iter_graphs
 from amp_rewrite.ir.types import typed_index
@@ -305,6 +306,10 @@ def require_provider(provider: str) -> None:
                         f"(available: {', '.join(ort.get_available_providers())})")
 
 
+ORT_MIN_OPSET = 7
+"""The oldest default-domain opset ONNX Runtime has kernels for (it has none for Add-6):
+``runnable`` upgrades an older model to it."""
+
 OPTIMIZATION = {"none": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
 """ONNX Runtime's graph optimization levels by the names ``session`` takes."""
 
@@ -326,7 +331,8 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
     ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it).
     ``initializers``: arrays that replace the model's initializers of those names, which must
-    be external data there (ONNX Runtime copies them in before it would read the files)."""
+    be external data there (ONNX Runtime copies them in before it would read the files).
+    A model (not its serialized form) runs ``runnable``."""
     import onnxruntime as ort
 
     require_provider(provider)
@@ -347,13 +353,26 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     if initializers:
         options.add_external_initializers(list(initializers),
                                           [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers.values()])
-    serialized = model if isinstance(model, bytes) else model.SerializeToString()
+    serialized = model if isinstance(model, bytes) else runnable(model).SerializeToString()
     created = ort.InferenceSession(serialized, options, providers=[provider],
                                    provider_options=[dict(provider_options or {})])
     if provider not in created.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
         raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
                         f"the session got {', '.join(created.get_providers())}")
     return created
+
+
+def runnable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or where its default-domain opset is below ``ORT_MIN_OPSET``, a copy upgraded
+    to it by ``onnx.version_converter``, which keeps the values' names: the same function at the
+    oldest opset ONNX Runtime has kernels for. Where the converter cannot upgrade it (an op it has
+    no adapter or schema for), the model as it is: ONNX Runtime may still run its ops, or names the one it cannot."""
+    if (default_opset(model) or ORT_MIN_OPSET) >= ORT_MIN_OPSET:
+        return model
+    try:
+        return ensure_opset(model, ORT_MIN_OPSET)
+    except UserError:
+        return model
 
 
 @contextlib.contextmanager

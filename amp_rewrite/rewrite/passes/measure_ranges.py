@@ -294,16 +294,14 @@ class Measurement:
 
 def _advice(analysis: Analysis) -> str:
     """What makes a range check run that did not: inputs the model accepts, or, below the
-    opsets ONNX Runtime has kernels for, an upgraded model."""
+    opsets ONNX Runtime has kernels for, a model that ``onnx.version_converter`` could not upgrade
+    (``instrument.runnable``), upgraded by hand."""
+    model = analysis.index.model
     opset = analysis.index.opsets.get("")
-    if opset is not None and opset < ORT_MIN_OPSET:
-        return (f"ONNX Runtime runs opset {ORT_MIN_OPSET} and later and this model is at opset {opset}: "
-                "upgrade it (onnx.version_converter)")
+    if opset is not None and opset < instrument.ORT_MIN_OPSET and instrument.runnable(model) is model:
+        return (f"ONNX Runtime runs opset {instrument.ORT_MIN_OPSET} and later, and onnx.version_converter "
+                f"could not upgrade this model from opset {opset}: replace the ops it cannot adapt")
     return "Pass inputs the model accepts (--inputs S.npz or --shape NAME:DIMS)"
-
-
-ORT_MIN_OPSET = 7
-"""The oldest default-domain opset ONNX Runtime has kernels for (it has none for Add-6)."""
 
 
 def _measure(analysis: Analysis, watched: list[Value],
@@ -340,7 +338,7 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
 
     def work(progress: Progress) -> tuple[str, instrument.PackedStats]:
         # a copy where the work runs in this process: the Sigmoids are made exact in place
-        lifted = instrument.lift_nested(model, keys, thresholds, copy=not FORKS)
+        lifted = instrument.lift_nested(instrument.runnable(model), keys, thresholds, copy=not FORKS)
         instrument.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
