@@ -75,24 +75,17 @@ def test_node_cases_convert_check_and_match(mode: str) -> None:
     assert not unexpected_passes, f"listed as exceptions but now pass: {unexpected_passes}"
 
 
-MISUPGRADED = {f"pytorch-converted/test_PReLU_{n}d_multiparam" for n in (1, 2, 3)}
-"""Models whose range check does not run: onnx's version converter leaves PRelu-6's per-channel
-slope (shape [C]) as it is at opset 7, where it broadcasts against the last axis instead, and
-ONNX Runtime refuses the upgraded model's shapes."""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_model_directories_convert_check_and_match(mode: str) -> None:
     """onnx's model test directories (``MODEL_DIR_KINDS``: 117 PyTorch exports of modules and
     operators at opsets 6-9, and 23 hand-written models) run as the node cases do; no exceptions.
-    The range check runs on every one of them (the 112 below ONNX Runtime's opsets upgraded) but
-    ``MISUPGRADED``."""
+    The range check runs on every one of them, the 112 below ONNX Runtime's opsets upgraded."""
     results = [run_case(case, **MODES[mode]) for case in model_dir_cases()]
     failures = [f"{r.name}: {r.detail}" for r in results if not r.ok]
     assert len(results) >= 140, f"the model directories of {MODEL_DIR_KINDS} were not all found"
     assert sum(r.low_nodes > 0 for r in results) > (90 if mode == "low-io" else 25), "too few ran low precision"
     assert not failures, f"{len(failures)} of {len(results)} cases fail:\n" + "\n".join(failures)
-    not_run = {r.name for r in results if not r.range_check.startswith(("measured", "skipped"))}
-    assert not_run <= MISUPGRADED, [f"{r.name}: {r.range_check}" for r in results if r.name in not_run - MISUPGRADED]
+    not_run = [f"{r.name}: {r.range_check}" for r in results if not r.range_check.startswith(("measured", "skipped"))]
+    assert not not_run, "\n".join(not_run)
     assert sum(r.range_check.startswith("measured") for r in results) > 90
