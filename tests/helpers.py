@@ -67,6 +67,16 @@ def run(m: onnx.ModelProto, **feeds: np.ndarray) -> list[np.ndarray]:
         return evaluator(m).run(None, feeds)
 
 
+def optimized(m: onnx.ModelProto, folder) -> onnx.ModelProto:
+    """The model ONNX Runtime runs for ``m`` on the CPU at its default (all) graph optimizations,
+    written to ``folder`` and read back."""
+    from amp_rewrite.runtime import instrument
+
+    path = folder / "optimized.onnx"
+    instrument.session(m, optimize="all", save_optimized=path)
+    return onnx.load(path)
+
+
 def _graphs(graph: onnx.GraphProto):
     yield graph
     for node in graph.node:

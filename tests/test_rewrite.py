@@ -8,7 +8,7 @@ import pytest
 
 from amp_rewrite import convert
 from models import builders
-from tests.helpers import _graphs, cast_targets, run
+from tests.helpers import _graphs, cast_targets, optimized, run
 
 SAMPLES = {name: build() for name, build in builders.SAMPLES.items()}
 OPTION_SETS = {
@@ -115,11 +115,7 @@ def test_casts_inserted_in_place_or_by_rebuilding_the_node_list_agree(name: str,
 
 def _fused(m: onnx.ModelProto, op_type: str, tmp_path) -> int:
     """How many ``op_type`` nodes ONNX Runtime (CPU, all optimizations) makes of ``m``."""
-    from amp_rewrite.runtime import instrument
-
-    path = tmp_path / "optimized.onnx"
-    instrument.session(m, optimize="all", save_optimized=path)
-    return sum(n.op_type == op_type for n in onnx.load(path).graph.node)
+    return sum(n.op_type == op_type for n in optimized(m, tmp_path).graph.node)
 
 
 def test_the_shapes_a_shapeless_model_was_inferred_are_declared_as_converted(tmp_path):

@@ -13,7 +13,7 @@ from onnx import TensorProto
 from amp_rewrite import convert
 from amp_rewrite.runtime import instrument, samples
 from models.builders import transformer
-from tests.helpers import cast_count, colors, model, rng
+from tests.helpers import cast_count, colors, model, optimized, rng
 
 NORM = """mean = ReduceMean <axes = [-1]> (h)
           d = Sub (h, mean)
@@ -30,10 +30,7 @@ WEIGHTS = {"w": rng(0).standard_normal((8, 8)).astype(np.float32), "two": np.flo
 
 def _optimized_ops(converted: onnx.ModelProto, tmp_path) -> list[tuple[str, list[int]]]:
     """(op type, its inputs' element types) of each node of the model ONNX Runtime runs."""
-    path = tmp_path / "optimized.onnx"
-    instrument.session(converted, optimize="all", save_optimized=path)
-    optimized = onnx.shape_inference.infer_shapes(onnx.load(path))
-    graph = optimized.graph
+    graph = onnx.shape_inference.infer_shapes(optimized(converted, tmp_path)).graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.input, *graph.output)}
     types.update((t.name, t.data_type) for t in graph.initializer)
     return [(n.op_type, [types.get(i) for i in n.input]) for n in graph.node]

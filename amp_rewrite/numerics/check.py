@@ -36,6 +36,9 @@ from amp_rewrite.runtime.samples import Sample
 DEFAULT_PROVIDER = "CPUExecutionProvider"
 
 
+UNOPTIMIZED = "unoptimized"
+
+
 @dataclass
 class OutputCheck:
     name: str
@@ -44,13 +47,16 @@ class OutputCheck:
     sample: int
     """The sample shown: the first that fails, else the one with the largest relative L2 error."""
     errors: Errors
-    run: str = "unoptimized"
+    run: str = UNOPTIMIZED
     """The run these figures come from: the mixed model's run with ONNX Runtime's graph
-    optimizations off (emulated unless the provider runs float16 natively), or ``as
-    deployed`` (DEPLOYED)."""
+    optimizations off (emulated unless the provider runs float16 natively), ``as deployed``
+    (DEPLOYED), or ``both deployed`` (BOTH_DEPLOYED)."""
 
 
 DEPLOYED = "as deployed"
+BOTH_DEPLOYED = "both deployed"
+"""The run of an output that fails as deployed against the float32 model's unoptimized run and
+passes against its run as deployed (``judged_as_deployed``)."""
 DEPLOYED_OPTIMIZATION = "all"
 """ONNX Runtime's default graph optimization level: what a deployed session runs."""
 
@@ -99,6 +105,10 @@ class CheckResult:
         if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
             lines.append("fails only as deployed: ONNX Runtime's graph optimizations (a fusion) change the "
                          "low-precision graph's numerics; the unoptimized graph's run passes")
+        if any(o.run == BOTH_DEPLOYED for o in self.outputs):
+            lines.append(f"{BOTH_DEPLOYED}: ONNX Runtime's graph optimizations change the float32 model's own "
+                         "numerics (a quantized model's units fused into integer kernels); as deployed, those "
+                         "outputs are compared with the float32 model as deployed")
         if self.suspects:
             lines.append("localization: nodes where the error first grows, most likely culprit first")
             lines += [f"  {i}. {s.op_type} {s.node!r}: {s.evidence}\n     ({s.op_class}; {s.reason or 'no decision'})"
@@ -183,9 +193,10 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
                          outputs, runs=2 * len(data))
     if deployed:
-        result.outputs, result.deployed = judged_as_deployed(outputs, mixed, mixed_dir, provider, data, expected,
-                                                             tolerance or Tolerance(), tolerances or {})
-        result.runs += len(data) if result.deployed == "compared" else 0
+        result.outputs, result.deployed, runs = judged_as_deployed(
+            outputs, mixed, mixed_dir, provider, data, expected, tolerance or Tolerance(), tolerances or {},
+            (original, original_dir))
+        result.runs += runs
         result.passed = all(o.passed for o in result.outputs)
     if not result.passed and localize_failures and not all(o.passed for o in outputs):
         worst = next(o.sample for o in outputs if not o.passed)
@@ -197,29 +208,49 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
 
 def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_dir: str | None, provider: str,
                        data: Sequence[Sample], expected: list[dict], tolerance: Tolerance,
-                       tolerances: Mapping[str, Tolerance]) -> tuple[list[OutputCheck], str]:
+                       tolerances: Mapping[str, Tolerance],
+                       original: tuple[onnx.ModelProto, str | None]) -> tuple[list[OutputCheck], str, int]:
     """``outputs`` (judged on the unoptimized run) judged again by the worse of that run and one of
-    ``mixed`` as deployed (ONNX Runtime's default graph optimizations), and what became of that
-    run: ``compared``; ``did not run: ...`` where ONNX Runtime crashed (then ``outputs`` stand:
-    its CPU provider crashes on some float16 graphs that CUDA runs); or ``refused: ...`` where
+    ``mixed`` as deployed (ONNX Runtime's default graph optimizations), what became of that
+    run, and the model runs made here. What became of it: ``compared``; ``did not run: ...``
+    where ONNX Runtime crashed (then ``outputs`` stand: its CPU provider crashes on some float16
+    graphs that CUDA runs); or ``refused: ...`` where
     ONNX Runtime refuses the model once its optimizations have rewritten it (then every output
-    fails: the model cannot be deployed at those settings)."""
+    fails: the model cannot be deployed at those settings). Where an output fails as deployed,
+    the ``original`` float32 model (and its folder) runs as deployed too, and an output that
+    passes against that run passes (BOTH_DEPLOYED): the optimizations changed the float32
+    model's numerics as much (ONNX Runtime fuses a quantized model's DequantizeLinear -> MatMul ->
+    QuantizeLinear into an integer QLinearMatMul), which is the deployment's doing, not the conversion's."""
     try:
         as_deployed = run_model(mixed, base_dir, provider, data, what="mixed model as deployed",
                                 optimize=DEPLOYED_OPTIMIZATION).results
     except NativeFailure as exc:
-        return outputs, f"did not run: {exc}"
+        return outputs, f"did not run: {exc}", 0
     except Exception as exc:  # ONNX Runtime's error, whatever its class: the finding is that it refused
         refused = f"refused: ONNX Runtime at its default optimizations: {str(exc).splitlines()[0][:300]}"
-        return [replace(o, passed=False, run=DEPLOYED) for o in outputs], refused
-    judged = compare_outputs(expected, as_deployed, [o.name for o in outputs], tolerance, tolerances)
-    return [_worse(e, replace(d, run=DEPLOYED)) for e, d in zip(outputs, judged)], "compared"
+        return [replace(o, passed=False, run=DEPLOYED) for o in outputs], refused, 0
+    names, runs = [o.name for o in outputs], len(data)
+    judged = [replace(d, run=DEPLOYED) for d in compare_outputs(expected, as_deployed, names, tolerance, tolerances)]
+    if not all(d.passed for d in judged):
+        try:
+            reference = run_model(*original, provider, data, what="float32 model as deployed",
+                                  optimize=DEPLOYED_OPTIMIZATION).results
+            runs += len(data)
+        except Exception:  # the float32 model does not deploy either: the figures against its own run stand
+            reference = None
+        if reference is not None:
+            again = compare_outputs(reference, as_deployed, names, tolerance, tolerances)
+            judged = [replace(a, run=BOTH_DEPLOYED) if not d.passed and a.passed else d for d, a in zip(judged, again)]
+    return [_worse(e, d) for e, d in zip(outputs, judged)], "compared", runs
 
 
 def _worse(unoptimized: OutputCheck, deployed: OutputCheck) -> OutputCheck:
-    """The run that judges an output: a failing one, else the larger relative L2 error."""
+    """The run that judges an output: a failing one, else one judged against the float32 model as
+    deployed (BOTH_DEPLOYED: the report says why), else the larger relative L2 error."""
     if unoptimized.passed != deployed.passed:
         return deployed if unoptimized.passed else unoptimized
+    if deployed.run == BOTH_DEPLOYED:
+        return deployed
     return deployed if deployed.errors.rel_l2 > unoptimized.errors.rel_l2 else unoptimized
 
 

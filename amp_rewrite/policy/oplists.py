@@ -177,6 +177,11 @@ ZERO_SINGULAR_INPUTS: frozenset[tuple[OpKey, int]] = frozenset({
 SAME_ELEMENTS: frozenset[OpKey] = frozenset(
     _group("", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"))
 
+# The ends of a quantized node unit (DequantizeLinear -> op -> QuantizeLinear), which
+# runtimes run as one integer kernel: the op between them keeps float32.
+DEQUANTIZE: frozenset[OpKey] = frozenset(_group("", "DequantizeLinear", ms=("DequantizeLinear",)))
+QUANTIZE: frozenset[OpKey] = frozenset(_group("", "QuantizeLinear", ms=("QuantizeLinear",)))
+
 # Ops that own subgraphs: their own inputs and outputs keep their types, their
 # bodies are colored with the rest of the model.
 CONTROL_FLOW: frozenset[OpKey] = frozenset(_group("", "If", "Loop", "Scan", "SequenceMap"))

@@ -3,8 +3,8 @@ then ``InsertCasts`` edits it, ``SeparateNormCasts`` keeps ONNX Runtime's LayerN
 from breaking the result, and ``DeclareInferredShapes`` declares the shapes the analysis inferred.
 
 0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
-5. KeepTruncatedValues  6. MeasureRanges  7. PropagateDeny  8. KeepRmsEpsilons  9. ChooseMinCasts
-10. InsertCasts  11. SeparateNormCasts  12. DeclareInferredShapes
+5. KeepTruncatedValues  6. KeepQuantizedUnits  7. MeasureRanges  8. PropagateDeny  9. KeepRmsEpsilons
+10. ChooseMinCasts  11. InsertCasts  12. SeparateNormCasts  13. DeclareInferredShapes
 """
 
 from __future__ import annotations

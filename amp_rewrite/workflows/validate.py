@@ -22,7 +22,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
 from amp_rewrite.numerics.check import (
     DEFAULT_PROVIDER,
-    DEPLOYED,
+    UNOPTIMIZED,
     OutputCheck,
     compare_outputs,
     culprits,
@@ -56,7 +56,7 @@ class Validation:
                  f"model runs in {self.sessions} sessions; {len(self.kept_fp32)} nodes moved to float32"]
         lines += [f"  kept float32: {node}: {why}" for node, why in self.kept_fp32.items()]
         lines += [f"  output {o.name}: rel L2 {o.errors.rel_l2:.3g}, max abs {o.errors.max_abs:.3g}"
-                  f"{'' if o.passed else ' (out of tolerance)'}{' (as deployed)' if o.run == DEPLOYED else ''}"
+                  f"{'' if o.passed else ' (out of tolerance)'}{f' ({o.run})' if o.run != UNOPTIMIZED else ''}"
                   for o in self.outputs]
         if self.deployed not in ("compared", "not run"):
             lines.append(f"  as deployed: {self.deployed}")
@@ -92,11 +92,11 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
             validation.outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output],
                                                  options.tolerance, options.tolerances)
             if all(o.passed for o in validation.outputs):  # the last round: judged as deployed too
-                validation.outputs, validation.deployed = judged_as_deployed(
+                validation.outputs, validation.deployed, runs = judged_as_deployed(
                     validation.outputs, runnable, runnable_dir, DEFAULT_PROVIDER, data, expected, options.tolerance,
-                    options.tolerances)
-                validation.runs += len(data) if validation.deployed == "compared" else 0
-                validation.sessions += validation.deployed == "compared"
+                    options.tolerances, (proto, base_dir))
+                validation.runs += runs
+                validation.sessions += runs // len(data)
         validation.passed = all(o.passed for o in validation.outputs)
         if validation.passed or validation.rounds >= options.max_rounds or validation.deployed != "not run":
             break  # what fails only as deployed, localization on the emulated run cannot blame

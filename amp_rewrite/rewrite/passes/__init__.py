@@ -13,6 +13,7 @@ from amp_rewrite.rewrite.passes.find_candidates import FindCandidates
 from amp_rewrite.rewrite.passes.infer_types import InferTypes
 from amp_rewrite.rewrite.passes.inline_functions import InlineFunctions
 from amp_rewrite.rewrite.passes.insert_casts import InsertCasts
+from amp_rewrite.rewrite.passes.keep_quantized_units import KeepQuantizedUnits
 from amp_rewrite.rewrite.passes.keep_rms_epsilons import KeepRmsEpsilons
 from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
@@ -20,9 +21,9 @@ from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
 from amp_rewrite.rewrite.passes.propagate_deny import PropagateDeny
 from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 
-ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, MeasureRanges,
-            PropagateDeny, KeepRmsEpsilons, ChooseMinCasts)
+ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, KeepQuantizedUnits,
+            MeasureRanges, PropagateDeny, KeepRmsEpsilons, ChooseMinCasts)
 
 __all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "DeclareInferredShapes", "FindCandidates", "InferTypes",
-           "InlineFunctions", "InsertCasts", "KeepRmsEpsilons", "KeepTruncatedValues", "KeepUnfitConstants",
-           "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]
+           "InlineFunctions", "InsertCasts", "KeepQuantizedUnits", "KeepRmsEpsilons", "KeepTruncatedValues",
+           "KeepUnfitConstants", "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]

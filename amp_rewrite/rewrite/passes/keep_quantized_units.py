@@ -1,0 +1,53 @@
+"""KeepQuantizedUnits: the op of a quantized node unit stays float32, between its quantizers."""
+
+from __future__ import annotations
+
+from amp_rewrite.ir.graph import Value
+from amp_rewrite.policy.oplists import DEQUANTIZE, QUANTIZE, op_key
+from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.coloring import Color, Priority
+
+
+class KeepQuantizedUnits:
+    """Invariant: a candidate whose convertible inputs are all made by DequantizeLinear and whose
+    convertible outputs are all read by QuantizeLinear alone (no graph output among them) is float32,
+    and so are those DequantizeLinear and QuantizeLinear nodes (safety priority: only the user
+    overrides it). Such a node is the float stand-in of an integer kernel in a quantized (QDQ)
+    model: ONNX Runtime fuses DequantizeLinear -> MatMul -> QuantizeLinear into QLinearMatMul
+    (TensorRT into an int8 layer), and a Cast anywhere between them would leave a float16 MatMul on
+    dequantized values instead, slower and with other numerics. A dequantized value that low nodes
+    read as well is cast for them after the DequantizeLinear.
+    """
+
+    def run(self, analysis: Analysis) -> None:
+        index, coloring = analysis.index, analysis.coloring
+        for node_id, decision in list(coloring.decisions.items()):
+            if decision.color is Color.FP32:
+                continue
+            node = index.nodes[node_id]
+            key = op_key(node.domain, node.op_type)
+            if key in DEQUANTIZE or key in QUANTIZE:
+                continue
+            slots = list(analysis.slot_values(node_id))
+            if not any(is_input for is_input, _, _ in slots) or not any(not is_input for is_input, _, _ in slots):
+                continue
+            if not all(_dequantized(analysis, v) if is_input else _quantized(analysis, v) for is_input, _, v in slots):
+                continue
+            reason = (f"quantized node unit: {node.op_type} {node.label!r} reads DequantizeLinear and feeds "
+                      f"QuantizeLinear, which runtimes fuse with it into one integer {node.op_type}")
+            dequantizers = [v.producer[0] for is_input, _, v in slots if is_input]
+            quantizers = [n for is_input, _, v in slots if not is_input for n, _ in v.uses]
+            for member in (node_id, *dequantizers, *quantizers):
+                if member in coloring.decisions:
+                    coloring.fix(member, Color.FP32, reason, Priority.SAFETY)
+
+
+def _dequantized(analysis: Analysis, value: Value) -> bool:
+    producer = analysis.index.producer_node(value)
+    return producer is not None and op_key(producer.domain, producer.op_type) in DEQUANTIZE
+
+
+def _quantized(analysis: Analysis, value: Value) -> bool:
+    nodes = analysis.index.nodes
+    return (not value.output_of and bool(value.uses)
+            and all(op_key(nodes[n].domain, nodes[n].op_type) in QUANTIZE for n, _ in value.uses))
