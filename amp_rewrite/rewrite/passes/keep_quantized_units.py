@@ -21,8 +21,11 @@ class KeepQuantizedUnits:
 
     def run(self, analysis: Analysis) -> None:
         index, coloring = analysis.index, analysis.coloring
-        for node_id, decision in list(coloring.decisions.items()):
-            if decision.color is Color.FP32:
+        readers = {n for dq in index.nodes if op_key(dq.domain, dq.op_type) in DEQUANTIZE
+                   for key in dq.outputs if key is not None for n, _ in index.values[key].uses}
+        for node_id in sorted(readers):
+            decision = coloring.decisions.get(node_id)
+            if decision is None or decision.color is Color.FP32:
                 continue
             node = index.nodes[node_id]
             key = op_key(node.domain, node.op_type)
