@@ -69,6 +69,8 @@ def test_provider_refinement_makes_accumulating_ops_infer_on_cuda_only() -> None
     assert Policy(None, "all-low").classify("", "Reshape").name == oplists.CLEAR
     assert Policy("CUDAExecutionProvider").classify("com.microsoft", "SkipLayerNormalization").name == oplists.INFER
     assert Policy(None).classify("com.microsoft", "SkipLayerNormalization").name == oplists.DENY
+    # ONNX Runtime's float16 EmbedLayerNormalization sums its statistics in float16: deny on CUDA too
+    assert Policy("CUDAExecutionProvider").classify("com.microsoft", "EmbedLayerNormalization").name == oplists.DENY
 
 
 def test_lists_are_keyed_by_domain_and_op() -> None:
