@@ -31,15 +31,16 @@ class KeepQuantizedUnits:
             key = op_key(node.domain, node.op_type)
             if key in DEQUANTIZE or key in QUANTIZE:
                 continue
-            slots = list(analysis.slot_values(node_id))
-            if not any(is_input for is_input, _, _ in slots) or not any(not is_input for is_input, _, _ in slots):
-                continue
-            if not all(_dequantized(analysis, v) if is_input else _quantized(analysis, v) for is_input, _, v in slots):
+            reads, makes = [], []
+            for is_input, _, value in analysis.slot_values(node_id):
+                (reads if is_input else makes).append(value)
+            if not (reads and makes and all(_dequantized(analysis, v) for v in reads)
+                    and all(_quantized(analysis, v) for v in makes)):
                 continue
             reason = (f"quantized node unit: {node.op_type} {node.label!r} reads DequantizeLinear and feeds "
                       f"QuantizeLinear, which runtimes fuse with it into one integer {node.op_type}")
-            dequantizers = [v.producer[0] for is_input, _, v in slots if is_input]
-            quantizers = [n for is_input, _, v in slots if not is_input for n, _ in v.uses]
+            dequantizers = [v.producer[0] for v in reads]
+            quantizers = [n for v in makes for n, _ in v.uses]
             for member in (node_id, *dequantizers, *quantizers):
                 if member in coloring.decisions:
                     coloring.fix(member, Color.FP32, reason, Priority.SAFETY)
