@@ -10,7 +10,8 @@ A tolerance applies one statistic (``metric``) with ``rtol``/``atol``:
 
 Whatever the metric, an output fails when it has NaN or Inf where the reference
 does not. Non-float outputs (indices, masks) fail when more than ``rtol`` of their
-elements differ.
+elements differ. A sequence or map output (a scikit-learn classifier's ZipMap returns a
+list of {class: probability} dicts) is compared as the array of its values (``values``).
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class Errors:
         }[tol.metric]()
 
 
-def errors(reference: np.ndarray, mixed: np.ndarray, tol: Tolerance) -> Errors:
-    reference, mixed = np.asarray(reference), np.asarray(mixed)
-    if reference.shape != mixed.shape:
-        raise UserError(f"output shapes differ: reference {list(reference.shape)}, mixed {list(mixed.shape)}")
+def errors(reference, mixed, tol: Tolerance) -> Errors:
+    """The statistics of ``mixed`` against ``reference``: tensors, or sequences and maps as
+    ONNX Runtime returns them (lists and dicts)."""
+    (reference, layout), (mixed, mixed_layout) = values(reference), values(mixed)
+    if layout != mixed_layout:
+        raise UserError(f"output shapes differ: reference {_shown(layout)}, mixed {_shown(mixed_layout)}")
     if reference.dtype.kind not in "fc" and np.dtype(reference.dtype).name not in ("bfloat16", "float16"):
         differ = float(np.mean(reference != mixed)) if reference.size else 0.0
         nan = float("nan")
@@ -117,6 +120,39 @@ def errors(reference: np.ndarray, mixed: np.ndarray, tol: Tolerance) -> Errors:
     if reference.ndim == 2 and reference.shape[1] >= 2 and reference.size:
         found.top1, found.topk = _agreement(reference.astype(np.float64), mixed.astype(np.float64))
     return found
+
+
+def values(output) -> tuple[np.ndarray, object]:
+    """An output as one array, and its layout (equal layouts: the arrays' elements correspond).
+    A tensor is itself (its layout: its shape); a map is its values in key order; a sequence
+    is its items' values, stacked where the items' layouts agree (a sequence of maps with the
+    same keys is [items, keys], classifier-shaped), else flattened one after another."""
+    if isinstance(output, dict):
+        keys = sorted(output, key=repr)
+        parts = [values(output[key]) for key in keys]
+        return _joined([array for array, _ in parts]), ("map", tuple(keys), tuple(layout for _, layout in parts))
+    if isinstance(output, (list, tuple)):
+        parts = [values(item) for item in output]
+        return _joined([array for array, _ in parts]), ("sequence", tuple(layout for _, layout in parts))
+    array = np.asarray(output)
+    return array, array.shape
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    if not arrays:
+        return np.zeros(0)
+    if all(a.shape == arrays[0].shape for a in arrays):
+        return np.stack(arrays)
+    return np.concatenate([a.ravel() for a in arrays])
+
+
+def _shown(layout) -> str:
+    """A layout in the words of an error: a tensor's shape, else what the sequence or map holds."""
+    if not isinstance(layout, tuple) or not layout or not isinstance(layout[0], str):
+        return str(list(layout))
+    if layout[0] == "map":
+        return f"a map with keys {list(layout[1])[:8]}"
+    return f"a sequence of {len(layout[1])}"
 
 
 def _agreement(reference: np.ndarray, mixed: np.ndarray) -> tuple[float, float]:
