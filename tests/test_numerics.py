@@ -21,6 +21,8 @@ import pytest
 import amp_rewrite
 from amp_rewrite import check
 from amp_rewrite.cli import main
+from amp_rewrite.numerics.compare import values
+from amp_rewrite.numerics.localize import MIN_GROWTH
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import emulated
 from amp_rewrite.runtime.isolate import NativeFailure
@@ -128,6 +130,22 @@ def test_localize_blames_the_softmax_whose_probabilities_flushed_to_zero() -> No
     assert result.suspects[0].node == "softmax", result.table()
 
 
+
+def test_localize_finds_the_culprit_of_a_failure_smaller_than_its_noise_floor() -> None:
+    """A regression fails elementwise on its outputs near zero with a relative L2 error under
+    MIN_GROWTH (a scikit-learn PCA + Ridge pipeline: the centring cancels in float16): a node
+    growing it by half of that is blamed, where a fixed floor blamed none."""
+    m = model("""(float[64,12] x) => (float[64,1] y) {
+        [centre] c = Sub(x, mean)
+        [project] p = MatMul(c, t)
+        [regress] y = MatMul(p, coef)
+    }""", {"mean": np.full(12, 0.5, np.float32), "t": rng(1).normal(0, 1, (12, 6)).astype(np.float32),
+           "coef": rng(2).normal(0, 1000, (6, 1)).astype(np.float32)})
+    data = {"x": rng(3).uniform(0, 1, (64, 12)).astype(np.float32)}
+    result = check(m, _all_low(m), inputs=[data], localize_failures=True)
+    assert not result and result.outputs[0].errors.rel_l2 < MIN_GROWTH
+    assert result.suspects[0].node == "centre" and result.fix == "--keep-fp32-node centre", result.table()
+
 def test_check_passes_the_default_conversion_of_the_same_models() -> None:
     for m, data in ((_layer_norm_model(), _layer_norm_data()),):
         assert check(m, amp_rewrite.convert(m)[0], inputs=[data])
@@ -234,6 +252,32 @@ def test_tolerance_per_output_and_metric() -> None:
     assert not check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.05, metric="rel-l2"))
     assert check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.5, metric="rel-l2"))
 
+
+
+def test_a_classifier_s_sequence_of_maps_is_compared_by_its_probabilities() -> None:
+    """scikit-learn classifiers end in ZipMap: a list of {class: probability} dicts per row,
+    compared as the [rows, classes] array of probabilities, not as objects that never match."""
+    text = """<ir_version: 8, opset_import: ["" : 17, "ai.onnx.ml" : 3]>
+        classifier (float[N,4] x) => (seq(map(int64, float)) probs) {
+            logits = MatMul(x, w)
+            p = Softmax(logits)
+            probs = ai.onnx.ml.ZipMap<classlabels_int64s = [3, 5, 7]>(p)
+        }"""
+
+    def classifier(scale: float) -> onnx.ModelProto:
+        m = onnx.parser.parse_model(text)
+        m.graph.initializer.append(onnx.numpy_helper.from_array(rng().normal(0, scale, (4, 3)).astype(np.float32), "w"))
+        return m
+
+    m = classifier(1.0)
+    data = {"x": rng(1).normal(size=(16, 4)).astype(np.float32)}
+    result = check(m, _all_low(m), inputs=[data])
+    assert result.passed
+    errors = result.outputs[0].errors
+    assert 0 < errors.max_abs < 1e-2 and errors.top1 == 1 and errors.mismatched == 0
+    worse = check(m, classifier(3.0), inputs=[data])  # other weights: other probabilities
+    assert not worse.passed and worse.outputs[0].errors.elementwise_violations > 0
+    assert values([{7: 0.5, 3: 0.25}])[0].tolist() == [[0.25, 0.5]]
 
 # --- calibrate and validate ------------------------------------------------------------------------------
 

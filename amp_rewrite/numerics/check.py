@@ -27,7 +27,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
-from amp_rewrite.numerics.localize import Suspect, localize
+from amp_rewrite.numerics.localize import MIN_GROWTH, Suspect, localize
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
@@ -199,8 +199,7 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
         result.runs += runs
         result.passed = all(o.passed for o in result.outputs)
     if not result.passed and localize_failures and not all(o.passed for o in outputs):
-        worst = next(o.sample for o in outputs if not o.passed)
-        result.suspects = localize(mixed, expected[worst], observed[worst])
+        result.suspects = blame(outputs, mixed, expected, observed)
         result.fix = fix_flags(result.suspects)
     result.seconds = time.perf_counter() - started
     return result
@@ -270,6 +269,18 @@ def compare_outputs(expected: list[dict], observed: list[dict], names: list[str]
             if not all(np.isnan(f.rel_l2) for f in found) else 0
         checks.append(OutputCheck(name, not failing, tol, shown, found[shown]))
     return checks
+
+
+def blame(outputs: list[OutputCheck], mixed: onnx.ModelProto, expected: list[dict],
+          observed: list[dict]) -> list[Suspect]:
+    """``localize`` on the first sample an output fails on. A node is a suspect where it grows
+    the relative error by ``MIN_GROWTH``, or by half the least relative error of the outputs
+    failing there where that is less: an output that fails on a few elements (values near zero,
+    elementwise) has its culprits below the noise of a model whose error is large."""
+    failing = [o for o in outputs if not o.passed]
+    worst = failing[0].sample
+    errors = [o.errors.rel_l2 / 2 for o in failing if o.sample == worst and o.errors.rel_l2 > 0]
+    return localize(mixed, expected[worst], observed[worst], min_growth=min([MIN_GROWTH, *errors]))
 
 
 def fix_flags(suspects: list[Suspect]) -> str | None:

@@ -50,9 +50,9 @@ class _Damage:
 
 
 def localize(mixed: onnx.ModelProto, reference: Mapping[str, np.ndarray],
-             observed: Mapping[str, np.ndarray], limit: int = 10) -> list[Suspect]:
+             observed: Mapping[str, np.ndarray], limit: int = 10, min_growth: float = MIN_GROWTH) -> list[Suspect]:
     """Rank the low-precision nodes of ``mixed`` that made ``observed`` drift from ``reference``
-    (both: top-level values by name)."""
+    (both: top-level values by name); a node that grows the error by ``min_growth`` or less is no suspect."""
     index = typed_index(mixed)
     damage = _Damager(index, reference, observed)
     suspects: dict[int, Suspect] = {}
@@ -65,7 +65,7 @@ def localize(mixed: onnx.ModelProto, reference: Mapping[str, np.ndarray],
         inp = damage.worst(node.inputs) or _Damage(0.0, 0.0)
         nonfinite = out.nonfinite > 0 and inp.nonfinite == 0
         growth = out.rel_l2 - inp.rel_l2 if np.isfinite(out.rel_l2) else float("inf")
-        if not nonfinite and not growth > MIN_GROWTH:
+        if not nonfinite and not growth > min_growth:
             continue
         what = "introduced NaN/Inf" if nonfinite else f"grew the relative error by {growth:.3g}"
         if nonfinite and inp.flushed > 0:  # a Log or Div of values that underflowed to zero upstream

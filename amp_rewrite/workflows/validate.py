@@ -24,12 +24,12 @@ from amp_rewrite.numerics.check import (
     DEFAULT_PROVIDER,
     UNOPTIMIZED,
     OutputCheck,
+    blame,
     compare_outputs,
     culprits,
     judged_as_deployed,
     run_model,
 )
-from amp_rewrite.numerics.localize import localize
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
@@ -100,8 +100,7 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         validation.passed = all(o.passed for o in validation.outputs)
         if validation.passed or validation.rounds >= options.max_rounds or validation.deployed != "not run":
             break  # what fails only as deployed, localization on the emulated run cannot blame
-        worst = next(o.sample for o in validation.outputs if not o.passed)
-        blamed = [s for s in culprits(localize(mixed, expected[worst], observed[worst])) if s.node not in kept]
+        blamed = [s for s in culprits(blame(validation.outputs, mixed, expected, observed)) if s.node not in kept]
         if not blamed:
             break
         kept.update((s.node, s.evidence) for s in blamed)
