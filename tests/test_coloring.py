@@ -463,6 +463,52 @@ def test_a_layer_norms_scaling_ends_the_float32_region_where_layer_normalization
     assert check(m, out, inputs=[data])
 
 
+
+def _pooled_layer_norm() -> onnx.ModelProto:
+    """Keras's LayerNormalization as tf2onnx exports it: the ReduceMeans over the last axis of
+    [batch, sequence, hidden] written as GlobalAveragePool, and x * (w / rms) + (b - mean * w / rms)
+    for the scaling; beside it a CNN-style head pooling a Relu."""
+    return model("""(float[2,8,16] inp) => (float[2,8,16] y, float[2,8,1] z) {
+        [embed] x = MatMul(inp, m9)
+        [mean] u = GlobalAveragePool(x)
+        [centre] d = Sub(x, u)
+        [square] p = Mul(d, d)
+        [var] v = GlobalAveragePool(p)
+        [eps_add] a = Add(v, eps)
+        [sqrt] s = Sqrt(a)
+        [inverse] r = Reciprocal(s)
+        [gain] k = Mul(r, w)
+        [scale] n = Mul(x, k)
+        [mean_scale] q = Mul(u, k)
+        [shift] c = Sub(b, q)
+        [affine] o = Add(n, c)
+        [proj] y = MatMul(o, m0)
+        [act] e = Relu(y)
+        [head] z = GlobalAveragePool(e)
+    }""", {"m9": rng(0).normal(0, 0.3, (16, 16)).astype(np.float32),
+           "m0": rng(1).normal(0, 0.3, (16, 16)).astype(np.float32),
+           "w": rng(3).normal(1, 0.1, 16).astype(np.float32), "b": rng(5).normal(0, 0.1, 16).astype(np.float32),
+           "eps": np.array(1e-3, np.float32)})
+
+
+def test_a_global_average_pool_that_is_a_norms_statistic_is_deny_as_its_reduce_mean_is():
+    """tf2onnx writes a LayerNorm's means as GlobalAveragePool: there they are deny, as the
+    ReduceMeans of the same norm exported from PyTorch are, and the norm runs float32 up to the
+    next MatMul. A float16 square overflows where |x - mean| > 256, on data the range check's
+    generated inputs never reach; a pooling head stays infer."""
+    m = _pooled_layer_norm()
+    out, report = convert(m)
+    found, classes = colors(out), {d.node: d.op_class for d in report.decisions}
+    assert classes["mean"] == classes["var"] == "deny" and classes["head"] == "infer"
+    assert all(found[n] == "fp32" for n in ("mean", "centre", "square", "var", "sqrt", "scale", "affine"))
+    assert found["embed"] == found["proj"] == "low"
+    reasons = {d.node: d.reason for d in report.decisions}
+    assert "a written-out norm's mean square" in reasons["var"] and "a written-out norm's mean" in reasons["mean"]
+    large = {"inp": rng(4).normal(0, 300, (2, 8, 16)).astype(np.float32)}  # |x - mean| up to ~1000
+    result = check(m, out, inputs=[large])
+    assert result, result.table()
+
+
 def test_a_value_scaled_by_another_values_rms_stays_in_the_float32_region():
     """Only x / rms(x) is bounded: k * x scaled by x's RMS is not normalized, and the values
     it reaches stay float32 until the next allow op."""

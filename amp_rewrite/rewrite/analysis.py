@@ -106,13 +106,14 @@ class Analysis:
         node = self.index.nodes[node_id]
         return op_key(node.domain, node.op_type) in MEASURED_CLASSES
 
-    def deny_again(self, node_id: int, why: str) -> None:
-        """A ``measured_infer`` node deny again, as the policy has it without a measurement
-        (PropagateDeny then follows it), and float32."""
+    def deny(self, node_id: int, why: str, like: str | None = None) -> None:
+        """The node deny and float32 (PropagateDeny then follows it), for the policy's reason for
+        its own op or for the default-domain op ``like``: a ``measured_infer`` node deny again, as
+        without a measurement; a GlobalAveragePool that is a written-out norm's ReduceMean."""
         node, decision = self.index.nodes[node_id], self.coloring.decisions[node_id]
         decision.op_class = DENY
-        self.coloring.fix(node_id, Color.FP32, f"deny: {OP_CLASSES[DENY][op_key(node.domain, node.op_type)]} ({why})",
-                          Priority.POLICY)
+        reason = OP_CLASSES[DENY][("", like) if like else op_key(node.domain, node.op_type)]
+        self.coloring.fix(node_id, Color.FP32, f"deny: {reason} ({why})", Priority.POLICY)
 
     def producer_color(self, value: Value) -> Color | str:
         """The precision a float32 value is produced in: a color, or OFFLINE for constants."""

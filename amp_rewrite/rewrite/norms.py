@@ -2,7 +2,9 @@
 RMSNormalization): ``x * 1/sqrt(mean(x * x) + eps)`` or ``x / sqrt(mean(x * x) + eps)``, the
 square a ``Pow(x, 2)`` or a ``Mul(x, x)``, the root's inverse a ``Reciprocal`` or a ``Div(1, _)``.
 LayerNorms (GPT-2, BERT and ViT exports before opset 17's LayerNormalization) scale the centred
-``d = x - mean(x)`` so: ``d / sqrt(mean(d * d) + eps)``.
+``d = x - mean(x)`` so: ``d / sqrt(mean(d * d) + eps)``. The mean is a ReduceMean, or a
+GlobalAveragePool where tf2onnx writes a ReduceMean over the last axes of a [batch, sequence,
+hidden] tensor so (Keras's LayerNormalization: its ``moments/mean`` and ``moments/variance``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from amp_rewrite.rewrite.analysis import Analysis
 
 Use = tuple[int, int]
 """(node id, input index)"""
+
+MEANS = ("ReduceMean", "GlobalAveragePool")
+"""The ops a written-out norm takes its means with (GlobalAveragePool keeps the reduced axes)."""
 
 
 def scalar(analysis: Analysis, key: ValueKey | None) -> float | None:
@@ -39,12 +44,12 @@ def producer(analysis: Analysis, key: ValueKey | None, *op_types: str) -> Node |
 def mean_square_of(analysis: Analysis, key: ValueKey | None) -> ValueKey | None:
     """The ``x`` of ``key = ReduceMean(x * x)`` or ``ReduceMean(Pow(x, 2))`` where ``x`` is not
     mean-centred (``Sub(_, ReduceMean(_))``: a LayerNorm's), or None."""
-    mean = producer(analysis, key, "ReduceMean")
+    mean = producer(analysis, key, *MEANS)
     return None if mean is None else _squared(analysis, mean)
 
 
 def _squared(analysis: Analysis, mean: Node, centred: bool = False) -> ValueKey | None:
-    """``mean_square_of`` for the ReduceMean node ``mean``; ``centred``: a mean-centred ``x`` too."""
+    """``mean_square_of`` for the mean node ``mean``; ``centred``: a mean-centred ``x`` too."""
     square = producer(analysis, mean.inputs[0], "Pow", "Mul")
     if square is None or len(square.inputs) != 2:
         return None
@@ -56,9 +61,25 @@ def _squared(analysis: Analysis, mean: Node, centred: bool = False) -> ValueKey 
     if centred:
         return x
     sub = producer(analysis, x, "Sub")
-    if sub is not None and producer(analysis, sub.inputs[1], "ReduceMean") is not None:
+    if sub is not None and producer(analysis, sub.inputs[1], *MEANS) is not None:
         return None
     return x
+
+
+def pooled_statistic(analysis: Analysis, node: Node) -> str | None:
+    """What a GlobalAveragePool computes of a written-out norm (``MEANS``): ``"mean square"``
+    where it averages a square (``Mul(d, d)``, ``Pow(d, 2)``), ``"mean"`` where its own input is
+    centred by it (``Sub(x, mean)``), else None (pooling, as a CNN's head pools)."""
+    if node.op_type != "GlobalAveragePool" or node.domain != "" or not node.inputs or not node.outputs:
+        return None
+    if _squared(analysis, node, centred=True) is not None:
+        return "mean square"
+    index = analysis.index
+    for reader_id, at in index.values[node.outputs[0]].uses:
+        reader = index.nodes[reader_id]
+        if reader.op_type == "Sub" and reader.domain == "" and at == 1 and reader.inputs[0] == node.inputs[0]:
+            return "mean"
+    return None
 
 
 def rms_of(analysis: Analysis, key: ValueKey | None, centred: bool = False) -> ValueKey | None:
@@ -71,7 +92,7 @@ def rms_of(analysis: Analysis, key: ValueKey | None, centred: bool = False) -> V
         return None
     for at in (0, 1):
         epsilon = scalar(analysis, add.inputs[1 - at])
-        mean = producer(analysis, add.inputs[at], "ReduceMean")
+        mean = producer(analysis, add.inputs[at], *MEANS)
         if (epsilon is not None and epsilon >= 0 and mean is not None
                 and not any(a.name == "keepdims" and a.i == 0 for a in mean.proto.attribute)):
             return _squared(analysis, mean, centred)

@@ -6,9 +6,10 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir.graph import node_key
 from amp_rewrite.policy.classes import OpClass
 from amp_rewrite.policy.kernels import kernel_table
-from amp_rewrite.policy.oplists import ALLOW, DENY
+from amp_rewrite.policy.oplists import ALLOW, DENY, INFER
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.norms import pooled_statistic
 from amp_rewrite.rewrite.options import matches_node
 
 
@@ -18,7 +19,8 @@ class ColorByPolicy:
     attributes (``REFUSED_ATTRIBUTES``), are fixed float32 (SAFETY),
     allow ops are fixed low and deny and unknown ops float32 (POLICY); infer and clear
     ops stay free, but an op that only a measurement makes infer (``MEASURED_CLASSES``) and
-    that a deny op reads is deny.
+    that a deny op reads is deny, and so is a GlobalAveragePool that computes a written-out
+    norm's mean or mean square (``norms.pooled_statistic``), as the ReduceMean it stands for is.
     """
 
     def run(self, analysis: Analysis) -> None:
@@ -54,6 +56,7 @@ class ColorByPolicy:
             elif op_class.name == DENY:
                 coloring.fix(node_id, Color.FP32, f"deny: {op_class.reason}", Priority.POLICY)
         self._deny_measured_ops_that_deny_ops_read(analysis)
+        self._deny_pooled_norm_statistics(analysis)
         unknown.update(op for op in analysis.unknown_ops if "." in op)
         if unknown and options.unknown_ops == "error":
             raise UserError(f"ops not in the precision lists: {', '.join(sorted(unknown))} "
@@ -71,7 +74,15 @@ class ColorByPolicy:
             reader = next((nodes[r] for value in outputs for r, _ in analysis.slot_readers(value)
                            if decisions[r].op_class == DENY), None)
             if reader is not None:
-                analysis.deny_again(node_id, f"read by deny {reader.op_type} {reader.label!r}")
+                analysis.deny(node_id, f"read by deny {reader.op_type} {reader.label!r}")
+
+    def _deny_pooled_norm_statistics(self, analysis: Analysis) -> None:
+        """A GlobalAveragePool that tf2onnx wrote for a norm's ReduceMean is deny, as the ReduceMean
+        is: a float16 variance overflows where |x - mean| > 256, and rounds a small one away."""
+        for node_id, decision in analysis.coloring.decisions.items():
+            node = analysis.index.nodes[node_id]
+            if decision.op_class == INFER and decision.free and (found := pooled_statistic(analysis, node)):
+                analysis.deny(node_id, f"a written-out norm's {found}", like="ReduceMean")
 
     def _user(self, analysis: Analysis, node_id: int) -> None:
         options, node = analysis.options, analysis.index.nodes[node_id]

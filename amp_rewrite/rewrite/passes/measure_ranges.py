@@ -138,7 +138,7 @@ class MeasureRanges:
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
         for node_id in {v.producer[0] for v in watched if _lifted_producer(analysis, v) is not None}:
-            analysis.deny_again(node_id, "the range check measured nothing")
+            analysis.deny(node_id, "the range check measured nothing")
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
         analysis.range_check = f"NOT RUN: {why}"
