@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from amp_rewrite import convert
 from models import builders
-from tests.helpers import _graphs, cast_targets, optimized, run
+from tests.helpers import _graphs, cast_targets, model, optimized, rng, run
 
 SAMPLES = {name: build() for name, build in builders.SAMPLES.items()}
 OPTION_SETS = {
@@ -141,6 +142,51 @@ def test_the_shapes_a_shapeless_model_was_inferred_are_declared_as_converted(tmp
     assert convert(out)[0] == out  # converting again changes nothing
     assert convert(m, keep_fp32_ops=sorted({n.op_type for n in m.graph.node}))[0] == m
 
+
+
+def test_a_model_that_can_select_nothing_declares_no_invented_dims() -> None:
+    """A detector's NonZero of a score threshold selects no box on some inputs. ONNX Runtime's
+    ReshapeFusion matches the Reshape's target dims to its input's by the symbols declared
+    (``unk__N``, which ONNX's inference makes up) and writes [0, -1], which an empty tensor
+    cannot take: declared, the converted model failed where the original ran (torchvision's
+    RetinaNet with no detection). The dims are declared unknown there instead."""
+    m = model("""(float[N] scores, float[N,A,4] boxes) => (float[K,4] y) {
+        [project] b = MatMul(boxes, w)
+        keep = Greater(scores, threshold)
+        found = NonZero(keep)
+        picked = Squeeze(found, zero)
+        kept = Gather(scores, picked)
+        count = Shape(kept)
+        k = Min(count, limit)
+        top, order = TopK(kept, k)
+        chosen = Gather(picked, order)
+        selected = Gather(b, chosen)
+        flat = Flatten<axis=1>(selected)
+        low = Slice(flat, zero, two, one)
+        high = Slice(flat, two, four, one)
+        low3 = Unsqueeze(low, two)
+        high3 = Unsqueeze(high, two)
+        pairs = Concat<axis=2>(low3, high3)
+        shape = Shape(flat)
+        rows = Gather<axis=0>(shape, first)
+        cols = Gather<axis=0>(shape, second)
+        rows1 = Unsqueeze(rows, zero)
+        cols1 = Unsqueeze(cols, zero)
+        target = Concat<axis=0>(rows1, cols1)
+        y = Reshape(pairs, target)
+    }""", {"w": rng(0).normal(size=(4, 4)).astype(np.float32), "threshold": np.array(0.5, np.float32),
+           "limit": np.array([1000], np.int64), "first": np.array(0, np.int64), "second": np.array(1, np.int64),
+           **{name: np.array([v], np.int64) for name, v in (("zero", 0), ("one", 1), ("two", 2), ("four", 4))}})
+    out, _ = convert(m, range_check="off")
+    dims = [d for v in out.graph.value_info for d in v.type.tensor_type.shape.dim]
+    assert len(out.graph.value_info) > 10 and not any(d.dim_param.startswith("unk__") for d in dims)
+    assert any(d.dim_param == "N" for d in dims)  # the model's own dim names stay
+    boxes = rng(1).normal(size=(6, 1, 4)).astype(np.float32)
+    for scores in (np.zeros(6, np.float32), np.ones(6, np.float32)):  # nothing selected, everything
+        feeds = {"scores": scores, "boxes": boxes}
+        original, deployed = (ort.InferenceSession(x.SerializeToString()).run(None, feeds)[0] for x in (m, out))
+        assert deployed.shape == original.shape == ((0, 4) if not scores.any() else (6, 4))
+        np.testing.assert_allclose(deployed, original, rtol=1e-2, atol=1e-2)
 
 @pytest.mark.parametrize("shape", [None, [], [1, 128, 768], ["batch", None, 3], ["d" * 300, *range(1, 40)]])
 @pytest.mark.parametrize("source", [onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16])

@@ -9,6 +9,7 @@ import onnx
 from amp_rewrite.ir.graph import ValueKey
 from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.ir.sizes import iter_graphs
+from amp_rewrite.policy.oplists import op_key
 from amp_rewrite.rewrite.analysis import Analysis
 
 
@@ -24,7 +25,12 @@ class DeclareInferredShapes:
     ONNX Runtime infers shapes on load too, but without ONNX's data propagation: behind a
     Reshape to a computed shape it finds no rank, and its fusions that check shapes give up
     (SkipLayerNormalization: a BERT encoder's residual Adds and LayerNorms, which the ORT
-    float16 script's outputs, declaring them, fuse). Drops ``Analysis.inferred``: its memory
+    float16 script's outputs, declaring them, fuse). In a model with an op whose output extent
+    depends on the data (``EMPTY_MAKERS``: the NonZero of a score threshold, the NonMaxSuppression
+    of a detector), the symbols ONNX's inference invented (``unk__N``) are left out (such dims
+    declared unknown): ONNX Runtime 1.31's ReshapeFusion matches a Reshape's target dims to its
+    input's by those symbols and writes [0, -1] for it, which fails on the empty tensors such a
+    model makes (torchvision's RetinaNet with no detection). Drops ``Analysis.inferred``: its memory
     goes with this pass. The entries are built as their serialized form and parsed by protobuf
     in one call per graph (made one by one, 48.6k of them took 0.3 s more).
     """
@@ -36,6 +42,8 @@ class DeclareInferredShapes:
             return 0
         declared = 0
         type_fields: dict[tuple[bytes, int | None], bytes] = {}
+        named_only = any(node.op_type in EMPTY_MAKERS and not op_key(node.domain, node.op_type)[0]
+                         for node in analysis.index.nodes)
         # the graphs as the rewrite left them: rebuilding a node list (``PendingInserts``) copies
         # its nodes, and the subgraphs they hold, away from the index's protos
         top = analysis.index.model.graph
@@ -52,12 +60,35 @@ class DeclareInferredShapes:
                 elem_type = retyped.get((graph_id, name))
                 type_field = type_fields.get((serialized, elem_type))  # most values share a few types
                 if type_field is None:
-                    retyped_type = serialized if elem_type is None else _with_elem_type(serialized, elem_type)
+                    if named_only:
+                        retyped_type = _without_invented_dims(serialized, elem_type)
+                    else:
+                        retyped_type = serialized if elem_type is None else _with_elem_type(serialized, elem_type)
                     type_field = type_fields[serialized, elem_type] = length_delimited(_TYPE, retyped_type)
                 entries += length_delimited(_VALUE_INFO, length_delimited(_NAME, name.encode()) + type_field)
                 declared += 1
             proto.MergeFromString(bytes(entries))
         return declared
+
+
+EMPTY_MAKERS = frozenset(("NonZero", "NonMaxSuppression", "Compress", "Unique"))
+"""Default-domain ops whose output extent depends on the input's values (none selected: an empty tensor)."""
+
+INVENTED_DIM = "unk__"
+"""The prefix of the dim symbols ONNX's shape inference makes up."""
+
+
+def _without_invented_dims(serialized: bytes, elem_type: int | None) -> bytes:
+    """The serialized TypeProto ``serialized`` with the dims named ``INVENTED_DIM``... unknown
+    (and its element type ``elem_type``, where given)."""
+    type_proto = onnx.TypeProto.FromString(serialized)
+    if type_proto.HasField("tensor_type"):
+        if elem_type is not None:
+            type_proto.tensor_type.elem_type = elem_type
+        for dim in type_proto.tensor_type.shape.dim:
+            if dim.dim_param.startswith(INVENTED_DIM):
+                dim.ClearField("dim_param")
+    return type_proto.SerializeToString()
 
 
 def _with_elem_type(serialized: bytes, elem_type: int) -> bytes:
