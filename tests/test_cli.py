@@ -15,14 +15,15 @@ import pytest
 from models import builders
 
 
-def amp(*args: str, cwd: Path | None = None, buffered: bool = False) -> subprocess.CompletedProcess:
+def amp(*args: str, cwd: Path | None = None, buffered: bool = False,
+        stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     """The command in a process of its own (``buffered``: its output block-buffered, whatever
-    PYTHONUNBUFFERED says here)."""
+    PYTHONUNBUFFERED says here; ``stdout``: where its output goes, else captured)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     if buffered:
         env.pop("PYTHONUNBUFFERED", None)
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "amp_rewrite", *args], stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, cwd=cwd, env=env)
 
 
 @pytest.fixture()
@@ -135,6 +136,18 @@ def test_what_the_command_printed_arrives_though_it_skips_the_teardown(sample: P
     missing = amp("inspect", str(sample), "--explain", "no_such_node", buffered=True)
     assert missing.returncode == 2 and "no node named 'no_such_node'" in missing.stderr
 
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(sample: Path, tmp_path: Path) -> None:
+    """``amp-rewrite convert ... | head``: once the reader has gone, the summary has nowhere to go;
+    the command exits as a shell reports SIGPIPE (141), with no internal error, its output written."""
+    out = tmp_path / "o.onnx"
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as closed:
+        done = amp("convert", str(sample), "-o", str(out), stdout=closed)
+    assert done.returncode == 141 and done.stderr == ""
+    onnx.checker.check_model(str(out), full_check=True)
 
 def test_keep_fp32_flags_reach_the_coloring(sample: Path, tmp_path: Path) -> None:
     out = tmp_path / "o.onnx"

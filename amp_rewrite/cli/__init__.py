@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from amp_rewrite import __version__
 from amp_rewrite.cli import bench, check, convert, grad, inspect, train, train_graph
-from amp_rewrite.cli.common import EXIT_INTERNAL, EXIT_USER_ERROR, Parser
+from amp_rewrite.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_USER_ERROR, Parser
 from amp_rewrite.errors import UserError
 
 SUBCOMMANDS = {"convert": convert, "inspect": inspect, "check": check, "grad": grad, "train-graph": train_graph,
@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("amp-rewrite: interrupted", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # the reader of the output went away (``| head``): nothing left to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (what is still buffered goes nowhere)
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug: one line unless the user asks for the traceback
         if os.environ.get("AMP_REWRITE_DEBUG"):
             raise

@@ -14,6 +14,8 @@ from amp_rewrite.rewrite.options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_
 from amp_rewrite.runtime.samples import parse_shape
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_BROKEN_PIPE = 128 + 13
+"""What a shell reports for a writer whose reader closed the pipe (SIGPIPE): ``amp-rewrite convert ... | head``."""
 
 
 class Parser(argparse.ArgumentParser):
