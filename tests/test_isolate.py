@@ -43,6 +43,30 @@ def test_results_and_exceptions_come_back_as_they_are() -> None:
         isolated(lambda progress: (_ for _ in ()).throw(UserError("bad input")), "demo")
 
 
+
+def _waits_seen(asked: int, progress) -> list[bool]:
+    """Whether the caller waits: asked at once (then a byte to ``asked``), and again until it does (10 s at most)."""
+    seen = [isolate.caller_waits()]
+    os.write(asked, b"x")
+    deadline = time.monotonic() + 10
+    while not isolate.caller_waits() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [*seen, isolate.caller_waits()]
+
+
+def test_a_child_learns_when_its_caller_only_waits() -> None:
+    """The range check's child shares the cores with the caller's analysis until the caller
+    asks for the result; its later stages may then use them all. No child: never."""
+    read, write = os.pipe()
+    try:
+        started = Started(functools.partial(_waits_seen, write), "demo")
+        assert os.read(read, 1) == b"x"  # the caller works on while the child asks
+        assert started.result() == [False, True]
+    finally:
+        os.close(read)
+        os.close(write)
+    assert not isolate.caller_waits()
+
 def test_a_large_result_lets_the_child_exit_before_the_caller_reads_it() -> None:
     """Through the pipe alone, a result larger than its buffer would keep the child (and the
     memory it holds) waiting until the caller collects it."""

@@ -111,6 +111,16 @@ def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = D
     return Started(work, what, timeout).result()
 
 
+_caller_waiting = None
+"""In a child forked by ``Started``: the event its caller sets once it waits for the result."""
+
+
+def caller_waits() -> bool:
+    """Whether this process is a child of ``Started`` whose caller now only waits for it: the
+    child may then use every core (until then it shares them with the caller's work)."""
+    return _caller_waiting is not None and _caller_waiting.is_set()
+
+
 class Started:
     """``work(progress)`` running in a child (``FORKS`` must hold): forked for it, or, where
     ``portable`` (the work pickles, and small), the process's worker. The caller collects the
@@ -128,7 +138,7 @@ class Started:
         if again:
             _import_child_modules()
         self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
-        self.spill = None
+        self.spill = self.waiting = None
         self.worker = _Worker.take() if portable and again else None
         if self.worker is not None:
             self.connection, self.process = self.worker.connection, self.worker.process
@@ -141,13 +151,16 @@ class Started:
         context = multiprocessing.get_context("fork")
         self.connection, child_sender = context.Pipe(duplex=False)
         self.spill = _spill_file()
-        self.process = context.Process(target=_child, args=(work, child_sender, self.spill))
+        self.waiting = context.Event()
+        self.process = context.Process(target=_child, args=(work, child_sender, self.spill, self.waiting))
         _fork(self.process)
         child_sender.close()
 
     def result(self) -> T:
         """What the work returned; its exception, crash, silence past ``timeout`` or stall
         (``Stalled``) raised here (taking in its progress reports on the way)."""
+        if self.waiting is not None:
+            self.waiting.set()
         try:
             while True:
                 self._wait()
@@ -298,7 +311,9 @@ def _import_child_modules() -> None:
             importlib.import_module(module)
 
 
-def _child(work: Callable[[Progress], T], sender, spill) -> None:
+def _child(work: Callable[[Progress], T], sender, spill, waiting) -> None:
+    global _caller_waiting
+    _caller_waiting = waiting
     faulthandler.disable()  # the parent reports a crash in one line; no stack dump from here
     _run(work, sender, spill)
     sender.close()

@@ -37,7 +37,7 @@ from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.ir.tensors import read_array, value_bytes
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import Thresholds, ValueStats
-from amp_rewrite.runtime.isolate import Progress
+from amp_rewrite.runtime.isolate import Progress, caller_waits
 from amp_rewrite.runtime.samples import Sample
 
 STAGE_NODES = 500
@@ -129,15 +129,16 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
     """Statistics of the ``top`` values (output name -> value; those that are not float32
     tensors are passed over) and of the statistics rows that ``instrument.lift_nested``
     carried out (``stats``), over every sample of ``data``. ``threads``: ONNX Runtime's
-    intra-op threads (0: one per core; 1 when something else runs beside)."""
+    intra-op threads (0: one per core; 1 when something else runs beside), one per core for
+    the stages that start once the caller of a child measuring only waits (``caller_waits``)."""
     runs = _Runs(model, plan(model.graph, set(top) | set(stats)), top, stats, thresholds, base_dir)
     live = [dict(sample) for sample in data]
     for number, stage in enumerate(runs.stages):
         progress(f"creating the session for {runs.where(number)}")
         stage_model = _stage_model(model, runs.head, stage, {n: _type_of(live[0][n]) for n in stage.reads},
                                    runs.weights, runs.handed, base_dir)
-        session = instrument.session(stage_model, base_dir, reuse_memory=False, arena=stage.loops, threads=threads,
-                                     initializers=runs.handed_to(stage))
+        session = instrument.session(stage_model, base_dir, reuse_memory=False, arena=stage.loops,
+                                     threads=0 if caller_waits() else threads, initializers=runs.handed_to(stage))
         progress(f"running {runs.where(number)}")
         for values in live:
             runs.run(session, stage, values)
