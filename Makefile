@@ -50,6 +50,7 @@ bench: install
 	$(PY) -m pip install -q -e ".[$(EXTRAS),bench]"
 	$(PY) -m compileall -q amp_rewrite
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/floor.py
 	$(PY) benchmarks/validate_bench.py
 	$(PY) benchmarks/grad_bench.py
 	$(PY) benchmarks/train_bench.py
