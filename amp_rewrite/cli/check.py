@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if result.fix:
         result.fix = f"amp-rewrite convert {args.original} -o {args.mixed} {result.fix}"
     print(result.table())
+    if not result and not args.localize:
+        print("--localize finds the nodes where the error grows")
     if args.report:
         save_text(Path(args.report), result.to_json())
     if args.junit:

@@ -73,6 +73,8 @@ class CheckResult:
     suspects: list[Suspect] = field(default_factory=list)
     fix: str | None = None
     """Flags that keep the suspects in float32, for ``amp-rewrite convert``."""
+    unlocalized: str | None = None
+    """Where localization ran and no node is to blame, why (``Blame.diffuse``)."""
     runs: int = 0
     seconds: float = 0.0
     deployed: str = "off"
@@ -115,6 +117,8 @@ class CheckResult:
                       for i, s in enumerate(self.suspects, 1)]
         if self.fix:
             lines.append(f"to keep them in float32: {self.fix}")
+        if self.unlocalized:
+            lines.append(self.unlocalized)
         return "\n".join(lines)
 
     def _deployed_text(self) -> str:
@@ -199,7 +203,8 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
         result.runs += runs
         result.passed = all(o.passed for o in result.outputs)
     if not result.passed and localize_failures and not all(o.passed for o in outputs):
-        result.suspects = blame(outputs, mixed, expected, observed)
+        found = blame(outputs, mixed, expected, observed)
+        result.suspects, result.unlocalized = found.suspects, found.diffuse()
         result.fix = fix_flags(result.suspects)
     result.seconds = time.perf_counter() - started
     return result
@@ -271,8 +276,30 @@ def compare_outputs(expected: list[dict], observed: list[dict], names: list[str]
     return checks
 
 
+@dataclass
+class Blame:
+    """What localization found on the first failing sample: its ``suspects`` (nodes that grew the
+    relative error by more than ``threshold``, or introduced NaN/Inf) and, where there are none,
+    the node that grew it most (``largest``, below the threshold)."""
+
+    suspects: list[Suspect]
+    threshold: float
+    largest: Suspect | None = None
+
+    def diffuse(self) -> str | None:
+        """Where no node is to blame, why keeping nodes float32 will not help, in one line."""
+        if self.suspects:
+            return None
+        most = f" (the most: {self.largest.op_type} {self.largest.node!r}, {self.largest.growth:.3g})" \
+            if self.largest else ""
+        return (f"localization: no node grows the relative error by more than {self.threshold:.3g}{most}: the "
+                "error builds up in small steps across the model, as rounding every stored value to the low "
+                "precision does, and keeping a few nodes float32 will not remove it; an aggregate metric "
+                "(--metric rel-l2 or cosine) or a looser tolerance is the test for such a model")
+
+
 def blame(outputs: list[OutputCheck], mixed: onnx.ModelProto, expected: list[dict],
-          observed: list[dict]) -> list[Suspect]:
+          observed: list[dict]) -> Blame:
     """``localize`` on the first sample an output fails on. A node is a suspect where it grows
     the relative error by ``MIN_GROWTH``, or by half the least relative error of the outputs
     failing there where that is less: an output that fails on a few elements (values near zero,
@@ -280,7 +307,10 @@ def blame(outputs: list[OutputCheck], mixed: onnx.ModelProto, expected: list[dic
     failing = [o for o in outputs if not o.passed]
     worst = failing[0].sample
     errors = [o.errors.rel_l2 / 2 for o in failing if o.sample == worst and o.errors.rel_l2 > 0]
-    return localize(mixed, expected[worst], observed[worst], min_growth=min([MIN_GROWTH, *errors]))
+    threshold = min([MIN_GROWTH, *errors])
+    ranked = localize(mixed, expected[worst], observed[worst], min_growth=0.0)
+    suspects = [s for s in ranked if s.nonfinite or s.growth > threshold]
+    return Blame(suspects, threshold, None if suspects or not ranked else ranked[0])
 
 
 def fix_flags(suspects: list[Suspect]) -> str | None:

@@ -49,6 +49,8 @@ class Validation:
     deployed: str = "not run"
     """The last round's run as deployed (``numerics.check.judged_as_deployed``): ``compared``,
     ``did not run: ...``, ``refused: ...``, or ``not run`` (the emulated run failed)."""
+    stopped: str = ""
+    """Why the rounds ended short of passing where localization had nothing more to keep float32."""
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
@@ -60,6 +62,8 @@ class Validation:
                   for o in self.outputs]
         if self.deployed not in ("compared", "not run"):
             lines.append(f"  as deployed: {self.deployed}")
+        if self.stopped:
+            lines.append(f"  {self.stopped}")
         return "\n".join(lines)
 
 
@@ -100,8 +104,10 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         validation.passed = all(o.passed for o in validation.outputs)
         if validation.passed or validation.rounds >= options.max_rounds or validation.deployed != "not run":
             break  # what fails only as deployed, localization on the emulated run cannot blame
-        blamed = [s for s in culprits(blame(validation.outputs, mixed, expected, observed)) if s.node not in kept]
+        found = blame(validation.outputs, mixed, expected, observed)
+        blamed = [s for s in culprits(found.suspects) if s.node not in kept]
         if not blamed:
+            validation.stopped = found.diffuse() or "localization blames only nodes already kept float32"
             break
         kept.update((s.node, s.evidence) for s in blamed)
     validation.kept_fp32 = kept
