@@ -14,6 +14,7 @@ not run on the first.
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 import zipfile
@@ -40,6 +41,12 @@ UNNAMED_DIM = 1
 MOST_SPELLED = 1 << 16
 """The largest extent a dimension's name may spell out (``batch * 1000000`` is taken as a name)."""
 FALLBACK_DIMS = (1, 2, 4)
+SAMPLE_ELEMENTS = 1 << 18
+"""The most elements one generated sample's inputs hold where free dimensions decide it: names
+nothing binds are halved from NAMED_DIM until the sample fits (or they reach 1); the fallback
+extents (FALLBACK_DIMS), tried when that does not run, are not capped. Eight 224x224
+images cost the range check 4-6 s on a ViT-Base or a DenseNet (one run each) and say no more
+about value ranges than one does."""
 """Extents tried in turn for the free dimensions when a model does not run on the defaults."""
 IMPLIED_FAILED = "the extents the graph implies could not be read"
 """Said in the line of each set drawn after ``input_dims`` failed on the model (a rule's bug)."""
@@ -174,6 +181,8 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     tried = set()
     for pins, size in plans():
         extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
+        capped = _capped(extents, [d for d in defaults if d not in pins], named, shapes) if size is None else {}
+        extents.update(capped)
         spelled = _spelled_out(extents, pins)
         extents.update(spelled)
         plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
@@ -182,7 +191,8 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
             continue
         tried.add(tuple(plan.items()))
         rng = np.random.default_rng(seed)
-        said = {d: " (as its name says)" if d in spelled and d not in pins else _origin(pins.get(d), extent)
+        said = {d: " (as its name says)" if d in spelled and d not in pins else
+                f" (a sample of at most {SAMPLE_ELEMENTS} elements)" if d in capped else _origin(pins.get(d), extent)
                 for d, extent in extents.items()}
         description = "; ".join(filter(None, [", ".join(f"{d}={extent}{said[d]}" for d, extent in extents.items()),
                                               *failed[:1]]))
@@ -191,6 +201,21 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                  for _ in range(count)]
         yield description, [{**sample, **steering} for sample in drawn]
+
+
+def _capped(extents: Mapping[str, int], free: Sequence[str], named: Mapping[str, tuple],
+            shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The ``free`` names' extents, halved together until one sample's inputs hold at most
+    ``SAMPLE_ELEMENTS`` elements or they are 1 (only those lowered, with their new extents)."""
+    def elements(scale: int) -> int:
+        def extent(d: int | str) -> int:
+            return d if isinstance(d, int) else max(1, extents[d] // scale) if d in free else extents[d]
+        return sum(math.prod(shapes[name] if name in shapes else map(extent, dims)) for name, dims in named.items())
+
+    scale = 1
+    while elements(scale) > SAMPLE_ELEMENTS and any(extents[d] // scale > 1 for d in free):
+        scale *= 2
+    return {d: max(1, extents[d] // scale) for d in free if scale > 1 and extents[d] > 1}
 
 
 def _without_functions(model: onnx.ModelProto) -> onnx.ModelProto:
