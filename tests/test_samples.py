@@ -13,6 +13,7 @@ import onnx
 import onnx.parser
 import pytest
 
+import amp_rewrite
 from amp_rewrite import UserError, convert
 from amp_rewrite.runtime import samples
 from tests.helpers import colors, model, rng, run
@@ -55,6 +56,28 @@ def test_free_dimensions_shrink_until_a_sample_fits_and_bound_ones_keep_their_ex
                        y = Add(x, w) }""", {"w": np.zeros((8, 3, 224, 224), np.float32)})
     assert _dims(bound)[0][1] == {"x": (8, 3, 224, 224), "z": (8, 3, 224, 224)}
     assert [shape["x"][0] for _, shape in _dims(images)] == [1, 2, 4]  # the fallbacks, uncapped
+
+
+def test_a_feature_pyramid_runs_at_its_total_stride_in_convert_and_check() -> None:
+    """Rule: four Convs of stride 2, the last map upsampled x2 and concatenated with the third
+    (YOLO's neck; nothing binds its image extents): 8 and the fallbacks 1, 2, 4 leave a 1x1 map
+    upsampled to 2x2 beside a 1x1 one, so the range check was NOT RUN on Ultralytics' YOLO11 and
+    YOLOv8 exports and `check` refused them; at the total stride, 16, it runs."""
+    r = rng(11)
+    convs = "\n".join(f"[c{i}] x{i} = Conv<strides=[2,2], pads=[1,1,1,1]>(x{i - 1}, w{i})" for i in range(1, 5))
+    m = model(f"""(float[batch,3,height,width] x0) => (float[batch,16,height4,width4] y) {{ {convs}
+                   [up] u = Resize<mode="nearest">(x4, roi, scales)
+                   [cat] y = Concat<axis=1>(x3, u) }}""",
+              {**{f"w{i}": r.normal(0, 0.2, (8, 3 if i == 1 else 8, 3, 3)).astype(np.float32) for i in range(1, 5)},
+               "roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)})
+    tried = _dims(m)
+    assert [shape["x0"][2] for _, shape in tried] == [8, 1, 2, 4, 16]
+    assert tried[-1][0] == ("batch=8, height=16 (from the Convs' and pools' total stride), "
+                            "width=16 (from the Convs' and pools' total stride)")
+    mixed, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured") and "height=16" in " ".join(report.notes)
+    result = amp_rewrite.check(m, mixed, random=1)
+    assert result.samples == 1 and result, result.table()
 
 
 def test_a_reshape_to_a_fixed_shape_binds_batch_and_the_range_check_runs() -> None:

@@ -184,12 +184,17 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     started = time.perf_counter()
     original, original_dir = load_model(original)
     mixed, mixed_dir = load_model(mixed)
-    data = samples.resolve(inputs, original)
-    if random or not data:
-        data += samples.generate(original, random or 1, shapes, seed)
+    given = samples.resolve(inputs, original)
     emulate = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
     watch = instrument.float_values(original, top_level=True) if localize_failures else ()
-    expected = run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
+
+    def reference(generated: list[Sample]) -> tuple[list[Sample], list[dict]]:
+        data = given + generated
+        return data, run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
+
+    # generated samples: the first set of extents (``samples.attempts``) the float32 model runs on
+    candidates = samples.attempts(original, shapes, seed, random or 1) if random or not given else [("", [])]
+    _, (data, expected) = samples.first_that_runs(candidates, reference)
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
                          what="mixed model").results
     names = [o.name for o in mixed.graph.output]

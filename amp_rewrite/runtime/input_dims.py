@@ -181,6 +181,25 @@ def unnamed_dim(input_name: str, axis: int) -> str:
     return f"{input_name}[{axis}]"
 
 
+STRIDED = ("Conv", "MaxPool", "AveragePool", "LpPool")
+MOST_STRIDE = 512
+"""The largest extent ``total_stride`` gives: an HRNet's paths of stride-2 fusions multiply without end."""
+
+
+def total_stride(model: onnx.ModelProto) -> int:
+    """The largest product of Conv and pool strides along a path through the main graph (at most
+    MOST_STRIDE), an upsampling counting as none: spatial extents that are multiples of it survive
+    every downsampling, and a map upsampled to meet an earlier one in a Concat meets its own
+    extent (YOLO's feature pyramid needs multiples of 32; its input names bind to nothing)."""
+    strides: dict[str, int] = {}
+    for node in model.graph.node:
+        own = max((max(a.ints, default=1) for a in node.attribute if a.name == "strides"), default=1) \
+            if node.op_type in STRIDED else 1
+        reached = max((strides.get(name, 1) for name in node.input), default=1) * own
+        strides.update((name, min(reached, MOST_STRIDE)) for name in node.output)
+    return max(strides.values(), default=1)
+
+
 def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str]],
                  given: Mapping[str, Pin] | None = None, guess: int = 1) -> dict[str, Pin]:
     """Bindings of the dimension names in ``shapes`` (the model's inputs, each dimension fixed

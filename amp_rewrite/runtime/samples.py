@@ -152,6 +152,7 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
              for name, fixed in shapes.items() if len(named[name]) == len(fixed)
              for d, extent in zip(named[name], fixed) if isinstance(d, str)}
 
+    leading = {dims[0] for dims in named.values() if dims}
     failed: list[str] = []
     structure = _without_functions(model)
 
@@ -170,6 +171,12 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         if any(pin.guessed for pin in implied.values()):
             yield implied_dims(2), None
         yield from ((implied, size) for size in FALLBACK_DIMS)
+        stride = input_dims.total_stride(structure)
+        if stride > 1:  # the names that no input leads with, at multiples of every downsampling
+            strided = {d: input_dims.Pin(stride, "the Convs' and pools' total stride") for d in defaults
+                       if d not in implied and d not in leading}
+            if strided:
+                yield {**implied, **strided}, None
         if implied != given:
             yield from ((given, None), (given, FALLBACK_DIMS[0]))
 
