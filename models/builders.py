@@ -325,6 +325,21 @@ def cancellation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return model, {"x": np.random.default_rng(7).standard_normal((8, 64)).astype(np.float32)}
 
 
+def feature_pyramid(levels: int = 4, width: int = 8) -> onnx.ModelProto:
+    """YOLO's neck in small: ``levels`` Convs of stride 2 over an image of named extents, the
+    last map upsampled x2 and concatenated with the one before: it runs where that map has twice
+    the last one's extent (at 2 ** levels, 16 by default; not at 8, where both are 1)."""
+    rng = np.random.default_rng(11)
+    convs = "\n".join(f"[c{i}] x{i} = Conv<strides=[2,2], pads=[1,1,1,1]>(x{i - 1}, w{i})"
+                      for i in range(1, levels + 1))
+    weights = {f"w{i}": rng.normal(0, 0.2, (width, 3 if i == 1 else width, 3, 3)).astype(np.float32)
+               for i in range(1, levels + 1)}
+    return _from_text(f"""(float[batch,3,height,width] x0) => (float[batch,{2 * width},h,w] y) {{ {convs}
+      [up] u = Resize<mode="nearest">(x{levels}, roi, scales)
+      [cat] y = Concat<axis=1>(x{levels - 1}, u)
+    }}""", {**weights, "roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)})
+
+
 FRAGILE = {"fragile_layer_norm": fragile_layer_norm, "fragile_log_softmax": fragile_log_softmax,
            "cancellation": cancellation}
 """Models that break in float16 when every node runs low, each with a sample that shows it."""

@@ -18,6 +18,7 @@ import amp_rewrite
 from amp_rewrite.errors import UserError
 from amp_rewrite.runtime.timing import NodeTime, Timed, node_times, time_models
 from amp_rewrite.workflows.bench import ModelBench, bench, model_node, off_tensor_cores, verdict
+from models import builders
 
 TEXT = "(float[4,16] x) => (float[4,16] y) { [mm] h = MatMul(x, w)  [act] r = Relu(h)  [sm] y = Softmax(r) }"
 FAST = dict(warmup=1, runs=5, profile_runs=2)
@@ -149,6 +150,16 @@ def test_bench_converts_for_the_provider_and_explains_what_stays_float32() -> No
     assert not mixed.fallbacks  # converted for the CPU: nothing it runs in float32 was left in float16
     assert result.verdict.startswith("amp-rewrite: ")
     assert sum(o.ms for o in mixed.by_op) == pytest.approx(sum(mixed.time_by_kind.values()))
+
+
+def test_bench_times_generated_inputs_the_float32_model_runs_on() -> None:
+    """A feature pyramid refuses 8x8 images (and 1, 2, 4); bench took only the first set of
+    extents and refused Ultralytics' YOLO exports; it goes on to the total stride, as the range
+    check and ``check`` do, and a model that runs on none is still one error."""
+    result = bench(builders.feature_pyramid(), provider="CPUExecutionProvider", **FAST)
+    assert [m.label for m in result.models] == ["float32", "amp-rewrite"] and result.samples == 1
+    with pytest.raises(UserError, match="cannot run the float32 model: .*Concat"):
+        bench(builders.feature_pyramid(), provider="CPUExecutionProvider", shapes={"x0": (1, 3, 8, 8)}, **FAST)
 
 
 def test_bench_of_given_models_shows_the_cpu_fallbacks_and_amp_rewrites_view(tmp_path) -> None:

@@ -16,6 +16,7 @@ import pytest
 import amp_rewrite
 from amp_rewrite import UserError, convert
 from amp_rewrite.runtime import samples
+from models import builders
 from tests.helpers import colors, model, rng, run
 
 BIG = np.full((16, 16), 30.0, np.float32)
@@ -63,13 +64,7 @@ def test_a_feature_pyramid_runs_at_its_total_stride_in_convert_and_check() -> No
     (YOLO's neck; nothing binds its image extents): 8 and the fallbacks 1, 2, 4 leave a 1x1 map
     upsampled to 2x2 beside a 1x1 one, so the range check was NOT RUN on Ultralytics' YOLO11 and
     YOLOv8 exports and `check` refused them; at the total stride, 16, it runs."""
-    r = rng(11)
-    convs = "\n".join(f"[c{i}] x{i} = Conv<strides=[2,2], pads=[1,1,1,1]>(x{i - 1}, w{i})" for i in range(1, 5))
-    m = model(f"""(float[batch,3,height,width] x0) => (float[batch,16,height4,width4] y) {{ {convs}
-                   [up] u = Resize<mode="nearest">(x4, roi, scales)
-                   [cat] y = Concat<axis=1>(x3, u) }}""",
-              {**{f"w{i}": r.normal(0, 0.2, (8, 3 if i == 1 else 8, 3, 3)).astype(np.float32) for i in range(1, 5)},
-               "roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 2, 2], np.float32)})
+    m = builders.feature_pyramid()
     tried = _dims(m)
     assert [shape["x0"][2] for _, shape in tried] == [8, 1, 2, 4, 16]
     assert tried[-1][0] == ("batch=8, height=16 (from the Convs' and pools' total stride), "
