@@ -73,6 +73,7 @@ def test_a_feature_pyramid_runs_at_its_total_stride_in_convert_and_check() -> No
     assert report.range_check.startswith("measured") and "height=16" in " ".join(report.notes)
     result = amp_rewrite.check(m, mixed, random=1)
     assert result.samples == 1 and result, result.table()
+    assert result.generated == tried[-1][0] and f"generated inputs: {tried[-1][0]}" in result.table()
 
 
 def test_a_reshape_to_a_fixed_shape_binds_batch_and_the_range_check_runs() -> None:

@@ -75,6 +75,8 @@ class CheckResult:
     """Flags that keep the suspects in float32, for ``amp-rewrite convert``."""
     unlocalized: str | None = None
     """Where localization ran and no node is to blame, why (``Blame.diffuse``)."""
+    generated: str = ""
+    """The extents the generated samples gave the inputs' dimension names (``samples.attempts``)."""
     runs: int = 0
     seconds: float = 0.0
     deployed: str = "off"
@@ -104,6 +106,8 @@ class CheckResult:
                  f"{self.samples} sample{'s' if self.samples != 1 else ''}, {self.runs} model runs, "
                  f"{self.seconds:.1f} s)"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)]
+        if self.generated:
+            lines.append(f"generated inputs: {self.generated}")
         if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
             lines.append("fails only as deployed: ONNX Runtime's graph optimizations (a fusion) change the "
                          "low-precision graph's numerics; the unoptimized graph's run passes")
@@ -194,13 +198,13 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
 
     # generated samples: the first set of extents (``samples.attempts``) the float32 model runs on
     candidates = samples.attempts(original, shapes, seed, random or 1) if random or not given else [("", [])]
-    _, (data, expected) = samples.first_that_runs(candidates, reference)
+    generated, (data, expected) = samples.first_that_runs(candidates, reference)
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
                          what="mixed model").results
     names = [o.name for o in mixed.graph.output]
     outputs = compare_outputs(expected, observed, names, tolerance or Tolerance(), tolerances or {})
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
-                         outputs, runs=2 * len(data))
+                         outputs, runs=2 * len(data), generated=generated)
     if deployed:
         result.outputs, result.deployed, runs = judged_as_deployed(
             outputs, mixed, mixed_dir, provider, data, expected, tolerance or Tolerance(), tolerances or {},
