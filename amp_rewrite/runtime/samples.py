@@ -41,13 +41,13 @@ UNNAMED_DIM = 1
 MOST_SPELLED = 1 << 16
 """The largest extent a dimension's name may spell out (``batch * 1000000`` is taken as a name)."""
 FALLBACK_DIMS = (1, 2, 4)
+"""Extents tried in turn for the free dimensions when a model does not run on the defaults."""
 SAMPLE_ELEMENTS = 1 << 18
 """The most elements one generated sample's inputs hold where free dimensions decide it: names
 nothing binds are halved from NAMED_DIM until the sample fits (or they reach 1); the fallback
 extents (FALLBACK_DIMS), tried when that does not run, are not capped. Eight 224x224
-images cost the range check 4-6 s on a ViT-Base or a DenseNet (one run each) and say no more
+images cost the range check 4-6 s on timm's ViT-Base and RDNet (one run each) and say no more
 about value ranges than one does."""
-"""Extents tried in turn for the free dimensions when a model does not run on the defaults."""
 IMPLIED_FAILED = "the extents the graph implies could not be read"
 """Said in the line of each set drawn after ``input_dims`` failed on the model (a rule's bug)."""
 INTEGER_HIGH = 4
@@ -133,9 +133,11 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     when the model names none).
 
     First the extents the graph implies (``input_dims.implied_dims``), NAMED_DIM or UNNAMED_DIM
-    for the others (where the graph's counts were guessed, then its second guess); then the
-    others at each of FALLBACK_DIMS; then, if the graph implied anything, the same without
-    what it implied. ``implied_first=False`` puts the plain
+    for the others (where the graph's counts were guessed, then its second guess; free names
+    lowered while a sample would exceed SAMPLE_ELEMENTS); then the others at each of
+    FALLBACK_DIMS; then, where the model has strided Convs or pools, the names no input leads
+    with at their total stride (``input_dims.total_stride``); then, if the graph implied
+    anything, the same without what it implied. ``implied_first=False`` puts the plain
     defaults first and infers what the graph implies only when they are rejected: for a
     caller that retries, the inference (a shape inference of the whole model) is paid only
     by the models that need it. ``shapes`` fix inputs outright and bind the names their
