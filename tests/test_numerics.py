@@ -146,6 +146,7 @@ def test_localize_finds_the_culprit_of_a_failure_smaller_than_its_noise_floor() 
     assert not result and result.outputs[0].errors.rel_l2 < MIN_GROWTH
     assert result.suspects[0].node == "centre" and result.fix == "--keep-fp32-node centre", result.table()
 
+
 def _deep_rotations(depth: int = 32, width: int = 16) -> tuple[onnx.ModelProto, dict]:
     """``depth`` MatMuls by orthogonal matrices: each float16 rounding adds about the same small
     error, and none stands out."""

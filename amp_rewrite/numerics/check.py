@@ -196,9 +196,8 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
         data = given + generated
         return data, run_model(original, original_dir, provider, data, watch=watch, what="float32 model").results
 
-    # generated samples: the first set of extents (``samples.attempts``) the float32 model runs on
-    candidates = samples.attempts(original, shapes, seed, random or 1) if random or not given else [("", [])]
-    generated, (data, expected) = samples.first_that_runs(candidates, reference)
+    generated, (data, expected) = samples.first_that_runs(samples.to_add(original, given, random, shapes, seed),
+                                                          reference)
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
                          what="mixed model").results
     names = [o.name for o in mixed.graph.output]

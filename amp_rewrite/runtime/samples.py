@@ -120,6 +120,14 @@ def checked(sample: Mapping[str, np.ndarray], model: onnx.ModelProto, origin: st
     return result
 
 
+def to_add(model: onnx.ModelProto, given: Sequence[Sample], random: int | None,
+           shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> Iterable[tuple[str, list[Sample]]]:
+    """The generated samples to add to ``given`` ones, as candidate sets in ``attempts``' order
+    (a caller takes the first its float32 run accepts): ``random`` of them, one where nothing is
+    given; where samples are given and none are asked for, one empty set."""
+    return attempts(model, shapes, seed, random or 1) if random or not given else [("", [])]
+
+
 def generate(model: onnx.ModelProto, count: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
              seed: int = 0) -> list[Sample]:
     """``count`` generated samples for the model's inputs: the first, most plausible, of ``attempts``."""

@@ -167,8 +167,7 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
     options = options or default_options(provider)
     original, original_dir = load_model(model)
     given = samples.resolve(inputs, original)
-    # generated samples: the first set of extents (``samples.attempts``) the float32 model runs on
-    generated = samples.attempts(original, shapes, seed, random or 1) if random or not given else [("", [])]
+    generated = samples.to_add(original, given, random, shapes, seed)  # the first set the float32 model runs on
     conversion = ""
     with tempfile.TemporaryDirectory(prefix="amp-rewrite-bench-") as folder:
         if mixed:
