@@ -18,7 +18,12 @@ costs in proportion to the caller's address space (here 6 ms to fork a 200 MB pr
 at 2 GB, and as long again to take the child down), which a process that converts many small
 models paid in every conversion, many times over the work.
 
-Where ``fork`` is not offered (Windows), the work runs in the calling process.
+Children are forked with ``os.fork`` (``_Forked``), not as ``multiprocessing`` processes:
+those refuse to start in a daemonic process, which every ``multiprocessing.Pool`` worker is,
+and a pipeline that converts many models through a pool called the API there. Where no
+child can be forked (no ``fork`` on the platform, as on Windows, or the system refused one),
+the work runs in the calling process (``in_process``): a crash then ends the caller, and
+``IsolationWarning`` says so, once a process.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import gc
 import importlib
 import multiprocessing
@@ -35,6 +41,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -58,8 +65,8 @@ STALL_CHECK = 1.0
 _OK, _RAISED, _PROGRESS, _SPILLED = "ok", "raised", "progress", "spilled"
 SPILL_BYTES = 32 << 10
 """Results past this size (pickled) leave a forked child in its spill file: a pipe buffers 64 KiB."""
-FORKS = "fork" in multiprocessing.get_all_start_methods()
-"""Whether work can run in a forked child (``Started`` needs it; ``isolated`` runs in-process without)."""
+FORKS = hasattr(os, "fork")
+"""Whether work can run in a forked child (``Started`` runs it in-process without, as ``isolated`` does)."""
 CHILD_IMPORTS = ("onnxruntime", "numpy.random")
 """What the work imports (ONNX Runtime; numpy's generators, for generated inputs): imported by the
 caller before its second child (``Started._count``). What a child imports dies with it: a process
@@ -79,6 +86,10 @@ class Stalled(Hung):
     where a lock that another thread of the caller held at the fork stays held. Seen once in
     some 20,000 fuzzed conversions (ONNX Runtime creating a session; not again when replayed):
     another child may not be."""
+
+
+class IsolationWarning(UserWarning):
+    """Work meant for a child process ran in the calling process (``in_process``)."""
 
 
 class _CpuWatch:
@@ -106,9 +117,23 @@ class _CpuWatch:
 
 def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> T:
     """``work(progress)`` in a child process; ``what`` names the work in error messages."""
-    if not FORKS:
-        return work(lambda text: None)
     return Started(work, what, timeout).result()
+
+
+_refused: str | None = None
+"""Why this process could not fork its last child, if it could not."""
+
+
+def in_process() -> str | None:
+    """Why isolated work runs in this process (no platform fork, or the system refused the last
+    child), or None where it runs in a child: a crash in it then ends this process."""
+    return None if FORKS and _refused is None else _refused or "this platform cannot fork a child process"
+
+
+def _run_here(work: Callable[[Progress], T], what: str, step: Callable[[str], None]) -> T:
+    warnings.warn(f"{what} runs in this process ({in_process()}): a crash in ONNX Runtime ends it",
+                  IsolationWarning, stacklevel=3)
+    return work(step)
 
 
 _caller_waiting = None
@@ -122,9 +147,10 @@ def caller_waits() -> bool:
 
 
 class Started:
-    """``work(progress)`` running in a child (``FORKS`` must hold): forked for it, or, where
-    ``portable`` (the work pickles, and small), the process's worker. The caller collects the
-    result with ``result()`` (``close()`` when it gives up before)."""
+    """``work(progress)`` running in a child: forked for it, or, where ``portable`` (the work
+    pickles, and small), the process's worker. The caller collects the result with ``result()``
+    (``close()`` when it gives up before). Where no child can be forked, ``result()`` runs the
+    work in the calling process (``in_process``)."""
 
     _count = 0
     """Children started in this process so far: the first (a command line's only one) imports
@@ -138,8 +164,13 @@ class Started:
         if again:
             _import_child_modules()
         self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
-        self.spill = self.waiting = None
-        self.worker = _Worker.take() if portable and again else None
+        self.spill = self.waiting = self.local = self.worker = None
+        if in_process():
+            self.local = work
+            return
+        if portable and again:
+            with contextlib.suppress(OSError):  # no worker could be forked: nor can a child, below
+                self.worker = _Worker.take()
         if self.worker is not None:
             self.connection, self.process = self.worker.connection, self.worker.process
             try:
@@ -152,13 +183,22 @@ class Started:
         self.connection, child_sender = context.Pipe(duplex=False)
         self.spill = _spill_file()
         self.waiting = context.Event()
-        self.process = context.Process(target=_child, args=(work, child_sender, self.spill, self.waiting))
-        _fork(self.process)
+        self.process = _Forked(_child, (work, child_sender, self.spill, self.waiting))
+        try:
+            _fork(self.process)
+        except OSError:  # in_process() says why
+            self.local = work
+            self.connection.close()
+            if self.spill is not None:
+                self.spill.close()
         child_sender.close()
 
     def result(self) -> T:
         """What the work returned; its exception, crash, silence past ``timeout`` or stall
         (``Stalled``) raised here (taking in its progress reports on the way)."""
+        if self.local is not None:
+            work, self.local, self.done = self.local, None, True
+            return _run_here(work, self.what, functools.partial(setattr, self, "step"))
         if self.waiting is not None:
             self.waiting.set()
         try:
@@ -199,6 +239,8 @@ class Started:
     def close(self) -> None:
         """Stop the work if its result is still to come. A forked child is killed; the worker
         is left to finish it and takes the next work once its result has gone by."""
+        if self.local is not None:  # never started
+            self.local, self.done = None, True
         if self.done:
             return
         if self.worker is None:
@@ -236,11 +278,12 @@ class _Worker:
     _lock = threading.Lock()
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("fork")
-        self.connection, worker_end = context.Pipe()
-        self.process = context.Process(target=_serve, args=(worker_end, self.connection), daemon=True)
-        _fork(self.process)
-        worker_end.close()
+        self.connection, worker_end = multiprocessing.get_context("fork").Pipe()
+        self.process = _Forked(_serve, (worker_end, self.connection))
+        try:
+            _fork(self.process)
+        finally:
+            worker_end.close()
         self.owner, self.since, self.abandoned = os.getpid(), time.monotonic(), 0
 
     @classmethod
@@ -297,10 +340,66 @@ def _end(process, connection, spill=None) -> None:
         spill.close()
 
 
-def _fork(process) -> None:
+class _Forked:
+    """A child process running ``target(*args)``, forked with ``os.fork``: the calls of
+    ``multiprocessing.Process`` that isolation uses, without its refusal to start in a daemonic
+    process (a ``multiprocessing.Pool`` worker). Ended children are reaped at the next fork (a
+    child that exits is not waited for) or by ``is_alive`` and ``join``."""
+
+    _unreaped: set[_Forked] = set()
+
+    def __init__(self, target: Callable[..., None], args: tuple) -> None:
+        self.target, self.args = target, args
+        self.pid: int | None = None
+        self.exitcode: int | None = None
+
+    def start(self) -> None:
+        for child in list(_Forked._unreaped):
+            child.is_alive()
+        pid = os.fork()
+        if pid == 0:  # the child: it runs the target and exits, whatever happens
+            _Forked._unreaped = set()
+            try:
+                self.target(*self.args)
+            finally:
+                os._exit(1)
+        self.pid = pid
+        _Forked._unreaped.add(self)
+
+    def is_alive(self) -> bool:
+        return not self._ended(os.WNOHANG)
+
+    def join(self) -> None:
+        self._ended(0)
+
+    def kill(self) -> None:
+        if self.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def _ended(self, flags: int) -> bool:
+        if self.exitcode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped by someone else (a SIGCHLD handler set to ignore)
+                pid, status = self.pid, 0
+            if pid == 0:
+                return False
+            self.exitcode = os.waitstatus_to_exitcode(status)
+            _Forked._unreaped.discard(self)
+        return True
+
+
+def _fork(process: _Forked) -> None:
+    """Start ``process``; where the system refuses (out of processes or memory), ``in_process``
+    says so from then on and the OSError is raised."""
+    global _refused
     gc.freeze()  # the child's collector leaves the inherited objects (and their pages) alone
     try:
         process.start()
+    except OSError as exc:
+        _refused = f"the system refused a child process: {exc.strerror or exc}"
+        raise
     finally:
         gc.unfreeze()
 

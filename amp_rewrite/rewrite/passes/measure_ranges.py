@@ -19,8 +19,8 @@ from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.runtime import instrument, samples, stages
-from amp_rewrite.runtime.isolate import FORKS, Hung, Progress, Stalled, Started, isolated
+from amp_rewrite.runtime import instrument, isolate, samples, stages
+from amp_rewrite.runtime.isolate import Hung, Progress, Stalled, Started, isolated
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -69,7 +69,7 @@ class MeasureRanges:
     def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
         """Start measuring every float value of ``model`` for ``run``, in a child process
         (None when the options rule the range check out, or where processes cannot fork)."""
-        if not FORKS or _skip_reason(_initializers(model), options, bool(options.calibrate)):
+        if isolate.in_process() or _skip_reason(_initializers(model), options, bool(options.calibrate)):
             return None
         # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
         portable = (len(model.graph.node) <= PORTABLE_NODES and not options.calibrate and not options.inputs
@@ -322,6 +322,9 @@ def _measure(analysis: Analysis, watched: list[Value],
 def _describe(analysis: Analysis, description: str) -> None:
     if description:
         analysis.notes.append(f"range check on generated inputs: {description}")
+    if why := isolate.in_process():
+        analysis.notes.append(f"note: the range check ran in this process ({why}); a crash in ONNX Runtime "
+                              f"would have ended it")
 
 
 def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[ValueKey] | None,
@@ -338,7 +341,8 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
 
     def work(progress: Progress) -> tuple[str, instrument.PackedStats]:
         # a copy where the work runs in this process: the Sigmoids are made exact in place
-        lifted = instrument.lift_nested(instrument.runnable(model), keys, thresholds, copy=not FORKS)
+        lifted = instrument.lift_nested(instrument.runnable(model), keys, thresholds,
+                                           copy=bool(isolate.in_process()))
         instrument.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
