@@ -1,14 +1,15 @@
 # Set-up is two commands on a fresh machine: `make demo` and `make test`.
 # ORT selects the ONNX Runtime package: gpu (onnxruntime-gpu, default), cpu (onnxruntime),
-# or none (keep whichever onnxruntime the environment already has).
+# or none (keep whichever onnxruntime the environment already has). Both packages provide the
+# module `onnxruntime`, so each has a venv of its own: .venv for gpu, .venv-cpu, .venv-none.
 PYTHON ?= python3
 ORT ?= gpu
-VENV := .venv
+VENV := $(if $(filter gpu,$(ORT)),.venv,.venv-$(ORT))
 PY := $(VENV)/bin/python
 EXTRAS := $(if $(filter none,$(ORT)),test,$(ORT),test)
 STAMP := $(VENV)/.installed-$(ORT)
 
-.PHONY: install demo test fuzz bench gpu-bench lint clean
+.PHONY: install demo test test-all fuzz bench gpu-bench lint clean
 
 install: $(STAMP)
 
@@ -34,6 +35,11 @@ demo: install
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
+# The suite with each ONNX Runtime package at its newest (CI runs this): each in its own venv.
+test-all:
+	$(MAKE) test ORT=gpu
+	$(MAKE) test ORT=cpu
+
 # The random-graph property tests of `make test` (tests/test_fuzz.py), with many more examples
 # from a random seed; hypothesis prints a failing example's model as ONNX text.
 FUZZ_EXAMPLES ?= 2000
@@ -56,7 +62,7 @@ bench: install
 	$(PY) benchmarks/train_bench.py
 
 clean:
-	rm -rf $(VENV) out benchmarks/work
+	rm -rf .venv .venv-cpu .venv-none out benchmarks/work
 
 # Issue 10's GPU figures (needs onnxruntime-gpu and a GPU; `--quick --provider CPUExecutionProvider` tries it on a CPU).
 gpu-bench: install

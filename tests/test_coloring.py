@@ -220,9 +220,27 @@ def test_cuda_kernel_table_decides_by_opset_and_type():
     out, report = convert(m, provider="CUDAExecutionProvider", range_check="off")
     assert colors(out) == {"allow1": "low", "inf1": "fp32", "allow2": "low"}
     assert "no float16 kernel for Atan at opset 17" in report.decisions[1].reason
+
+
+def test_bfloat16_upgrades_a_model_below_opset_13_where_its_ops_allow_and_says_why_where_not():
+    """ONNX ops accept bfloat16 from opset 13 (MatMul-9's schema has none): a model below it came
+    back unchanged, "0 of 0 float nodes", with no reason. It is upgraded (onnx's version converter);
+    where the converter cannot (an experimental op), a warning says why nothing runs in bfloat16."""
     old = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }", {"w": W["w"]}, opset=9)
-    _, report = convert(old, provider="CUDAExecutionProvider", precision="bfloat16", range_check="off")
-    assert report.candidates == 0  # MatMul-9's schema has no bfloat16
+    before = old.SerializeToString()
+    out, report = convert(old, provider="CUDAExecutionProvider", precision="bfloat16", range_check="off")
+    assert old.SerializeToString() == before
+    assert colors(out) == {"allow1": "low"} and out.opset_import[0].version == 13
+    assert "upgraded the model from opset 9 to 13: ONNX ops accept bfloat16 from opset 13" in report.notes[-1]
+    out, report = convert(old, provider=None, opset=15, range_check="off")
+    assert out.opset_import[0].version == 15 and "(asked for)" in report.notes[-1]
+    crop = model("(float[1,1,4,4] x) => (float[1,1,2,2] y) { c = Crop<border=[1,1,1,1]>(x) \n y = Relu(c) }", opset=9)
+    out, report = convert(crop, provider=None, precision="bfloat16", range_check="off")
+    assert report.low_nodes == 0 and out.opset_import[0].version == 9
+    assert any(n.startswith("warning: ONNX ops accept bfloat16 from opset 13, and this model is at opset 9: nothing "
+                            "can run in bfloat16 (cannot upgrade the model from opset 9 to 13") for n in report.notes)
+    with pytest.raises(UserError, match="cannot upgrade the model from opset 9 to 13"):
+        convert(crop, provider=None, opset=13)
 
 
 def test_user_overrides_win_over_policy():

@@ -94,7 +94,7 @@ def test_generated_inputs_follow_a_reshape_inside_a_function() -> None:
     }
     """)
     m.graph.initializer.append(onnx.numpy_helper.from_array(rng(1).standard_normal((16, 16)).astype(np.float32), "w"))
-    text, data = next(samples.attempts(m))
+    text, data, _ = next(samples.attempts(m))
     assert text.startswith("batch=4 (from Reshape") and data[0]["x"].shape == (4, 16)
     assert instrument.session(m).run(None, data[0])[0].shape == (1, 4, 16)
     assert convert(m, provider=None)[1].range_check.startswith("measured")

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import amp_rewrite
 from amp_rewrite import UserError, convert
@@ -36,7 +37,7 @@ def _reshaped(weight: np.ndarray = HUGE) -> onnx.ModelProto:
 
 
 def _dims(m: onnx.ModelProto, shapes=None) -> list[tuple[str, dict]]:
-    return [(text, {k: v.shape for k, v in data[0].items()}) for text, data in samples.attempts(m, shapes)]
+    return [(text, {k: v.shape for k, v in data[0].items()}) for text, data, _ in samples.attempts(m, shapes)]
 
 
 def test_free_dimensions_shrink_until_a_sample_fits_and_bound_ones_keep_their_extents() -> None:
@@ -66,14 +67,15 @@ def test_a_feature_pyramid_runs_at_its_total_stride_in_convert_and_check() -> No
     YOLOv8 exports and `check` refused them; at the total stride, 16, it runs."""
     m = builders.feature_pyramid()
     tried = _dims(m)
-    assert [shape["x0"][2] for _, shape in tried] == [8, 1, 2, 4, 16]
-    assert tried[-1][0] == ("batch=8, height=16 (from the Convs' and pools' total stride), "
+    # then LONGER_DIMS, tried only after a run fails inside the model (8192 squared is past SET_BYTES)
+    assert [shape["x0"][2] for _, shape in tried] == [8, 1, 2, 4, 16, 128, 1024]
+    assert tried[4][0] == ("batch=8, height=16 (from the Convs' and pools' total stride), "
                             "width=16 (from the Convs' and pools' total stride)")
     mixed, report = convert(m, provider=None)
     assert report.range_check.startswith("measured") and "height=16" in " ".join(report.notes)
     result = amp_rewrite.check(m, mixed, random=1)
     assert result.samples == 1 and result, result.table()
-    assert result.generated == tried[-1][0] and f"generated inputs: {tried[-1][0]}" in result.table()
+    assert result.generated == tried[4][0] and f"generated inputs: {tried[4][0]}" in result.table()
 
 
 def test_a_reshape_to_a_fixed_shape_binds_batch_and_the_range_check_runs() -> None:
@@ -82,7 +84,7 @@ def test_a_reshape_to_a_fixed_shape_binds_batch_and_the_range_check_runs() -> No
     check itself now runs without the final Reshape, whose output is measured as its input:
     either extent measures the MatMuls.)"""
     m = _reshaped()
-    first, data = next(samples.attempts(m))
+    first, data, _ = next(samples.attempts(m))
     assert first == "batch=4 (from Reshape 'r1')" and data[0]["x"].shape == (4, 16)
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured")
@@ -143,7 +145,7 @@ def test_a_count_shared_by_two_names_is_guessed_as_1_and_the_rest() -> None:
     batch=1, seq=16 runs (8x8, 1x1, 2x2 would not), before the plain fallbacks."""
     m = model("""(float[batch,seq,4] x) => (float[64] y) { [allow1] a = MatMul(x, w) \n [r1] y = Reshape(a, shape) }""",
               {"w": np.full((4, 4), 3000.0, np.float32), "shape": np.array([64], np.int64)})
-    texts = [text for text, _ in samples.attempts(m)]
+    texts = [text for text, *_ in samples.attempts(m)]
     guess = "batch=1 (from Reshape 'r1', guessed), seq=16 (from Reshape 'r1')"
     assert texts[0] == guess and "batch=1, seq=1" in texts
     out, report = convert(m, provider=None)
@@ -165,7 +167,7 @@ def test_guesses_give_names_what_their_readers_need(op: str, least: str, guesses
         [allow1] a = MatMul(y, w)
         {op} }}""", {"w": np.full((2, 2), 3e4, np.float32), "pads": np.array([0, 0, 1, 0], np.int64),
                      "shape": np.array([2, 2], np.int64)})
-    texts = [text for text, _ in samples.attempts(m)]
+    texts = [text for text, *_ in samples.attempts(m)]
     assert len(texts) >= len(guesses) and all(t.startswith(g) for t, g in zip(texts, guesses)), texts
     _measured_after_the_reshape(m)
 
@@ -177,7 +179,7 @@ def test_a_name_squared_before_a_reshape_with_minus_one_takes_the_extent_that_fi
         [square] s = MatMul(x, xt)
         [r1] y = Reshape(s, shape)
         [allow1] a = MatMul(y, w) }""", {"w": np.full((4, 4), 3e4, np.float32), "shape": np.array([-1, 4], np.int64)})
-    description, data = next(samples.attempts(m))
+    description, data, _ = next(samples.attempts(m))
     assert data[0]["x"].shape == (1, 2, 2), description
     _measured_after_the_reshape(m)
 
@@ -192,7 +194,7 @@ def test_a_gather_of_a_constant_index_makes_its_axis_hold_it(count: int) -> None
         [gather] g = Gather <axis = 1> (x, idx) }}""",
               {"w": np.full((count,), 3e4, np.float32), "idx": np.array(1, np.int64),
                "shape": np.array([count], np.int64)})
-    description, data = next(samples.attempts(m))
+    description, data, _ = next(samples.attempts(m))
     assert data[0]["x"].shape == (1, count, 1), description
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured"), report.range_check
@@ -241,8 +243,8 @@ def test_below_onnxruntime_s_opsets_a_model_the_converter_cannot_upgrade_gets_th
 def test_attempts_are_deterministic_few_and_distinct() -> None:
     m = _reshaped()
     first, second = list(samples.attempts(m, seed=3)), list(samples.attempts(m, seed=3))
-    assert [t for t, _ in first] == [t for t, _ in second]
-    assert all(np.array_equal(a[0]["x"], b[0]["x"]) for (_, a), (_, b) in zip(first, second))
+    assert [t for t, *_ in first] == [t for t, *_ in second]
+    assert all(np.array_equal(a[0]["x"], b[0]["x"]) for (_, a, _), (_, b, _) in zip(first, second))
     shapes = [d["x"] for _, d in _dims(m)]
     assert shapes == [(4, 16), (8, 16), (1, 16)] and len(set(shapes)) == len(shapes)
     static = model("(float[2,4] x) => (float[2,4] y) { y = Relu(x) }")
@@ -352,7 +354,7 @@ def test_a_reshape_with_minus_one_makes_the_count_a_multiple_of_the_fixed_extent
     m = model("""(float[batch,seq] y) => (float[?,3] r) { [allow1] a = Mul(y, w) \n [r1] r = Reshape(a, shape) }""",
               {"w": np.array(1e5, np.float32), "shape": np.array([-1, 3], np.int64)})
     m.graph.output[0].type.tensor_type.ClearField("shape")
-    texts = [text for text, _ in samples.attempts(m)]
+    texts = [text for text, *_ in samples.attempts(m)]
     assert texts[0] == "batch=1 (from Reshape 'r1', guessed), seq=3 (from Reshape 'r1', guessed)"
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured")
@@ -1439,3 +1441,84 @@ def test_a_dimension_broadcast_with_a_concatenation_is_its_sum() -> None:
     assert run(m, **{k: np.ones(v, np.float32) for k, v in dims.items()})[0].shape == (16, 8)
     report = convert(m, provider=None)[1]
     assert report.range_check.startswith("measured") and "total=16" in " ".join(report.notes)
+
+
+def _speech_front_end(pads: str = "pads") -> onnx.ModelProto:
+    """Audio declared ``[0, 0]`` (an exporter's "dynamic"), reflect-padded by 200 on each side
+    inside an If branch (a speech model's STFT framing): it runs only on more than 200 samples."""
+    then = helper.make_graph(
+        [helper.make_node("Pad", ["audio", pads], ["padded"], mode="reflect"),
+         helper.make_node("Mul", ["padded", "gain"], ["framed"], name="gain_mul")], "then", [],
+        [helper.make_tensor_value_info("framed", TensorProto.FLOAT, [None, None])])
+    other = helper.make_graph([helper.make_node("Mul", ["audio", "gain"], ["plain"])], "else", [],
+                              [helper.make_tensor_value_info("plain", TensorProto.FLOAT, [None, None])])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["half_pads", "half_pads"], ["pads_sum"]),
+         helper.make_node("ReduceMax", ["audio"], ["peak"], keepdims=0),
+         helper.make_node("Greater", ["peak", "floor"], ["loud"]),
+         helper.make_node("If", ["loud"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [0, 0])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])],
+        [numpy_helper.from_array(np.array([0, 200, 0, 200], np.int64), "pads"),
+         numpy_helper.from_array(np.array([0, 100, 0, 100], np.int64), "half_pads"),
+         numpy_helper.from_array(np.array(-100.0, np.float32), "floor"),
+         numpy_helper.from_array(np.array(3000.0, np.float32), "gain")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+@pytest.mark.parametrize("pads", ["pads", "pads_sum"], ids=["constant pads", "computed pads"])
+def test_inputs_declared_with_extent_zero_are_dynamic_and_a_refused_run_tries_longer_ones(pads) -> None:
+    """ONNX Runtime refuses any extent but 0 where the declaration says 0: sessions run the model
+    with those dimensions unknown, and samples give them extents. Where the rules read the Pad's
+    constant pads, the first set is long enough; where its pads are computed, the reflect Pad
+    refuses the short sets inside the If, and the longer sets (``LONGER_DIMS``) follow that refusal."""
+    m = _speech_front_end(pads)
+    before = m.SerializeToString()
+    out, report = convert(m, provider=None)
+    assert m.SerializeToString() == before
+    assert report.range_check == "measured 4 values on generated inputs; 1 do not fit float16", report.notes
+    note = next(n for n in report.notes if n.startswith("range check on generated inputs"))
+    assert ("audio[1]=201 (the least for Pad" in note) if pads == "pads" else (
+        "audio[1]=1024 (from a longer extent after a run failed inside the model)" in note), note
+    result = amp_rewrite.check(m, out, random=2)
+    assert result and result.samples == 2, result.table()
+
+
+def test_longer_sets_follow_only_a_run_that_failed_inside_the_model() -> None:
+    attempt = samples.Attempt("", [], longer=True)
+    inside = RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while "
+                          "running Pad node. Name:'' Status Message: Pad reflect: pre-pad (200) exceeds maximum")
+    assert attempt.worth_after(inside) and not attempt.worth_after(None)
+    assert not attempt.worth_after(RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an "
+                                                "implementation for Foo(1) node with name ''"))
+    assert samples.Attempt("", []).worth_after(None)
+
+
+def test_an_absurd_implied_extent_is_passed_over_within_the_memory_budget(monkeypatch) -> None:
+    """A Reshape in a branch that never runs binds ``batch`` to 10^9 (jax2tf wrote such a
+    constant): 10^9 x 16 floats is past SET_BYTES, so that set is never drawn and the next one
+    runs; where every set is past it, one clear error."""
+    big = helper.make_graph([helper.make_node("Reshape", ["x", "target"], ["flat"])], "big", [],
+                            [helper.make_tensor_value_info("flat", TensorProto.FLOAT, [None, None])])
+    small = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "small", [],
+                              [helper.make_tensor_value_info("same", TensorProto.FLOAT, [None, None])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["never"], ["r"], then_branch=big, else_branch=small),
+         helper.make_node("MatMul", ["r", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array([1_000_000_000, 16], np.int64), "target"),
+         numpy_helper.from_array(np.array(False), "never"),
+         numpy_helper.from_array(np.full((16, 16), 0.5, np.float32), "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(m, full_check=True)
+    drawn = list(samples.attempts(m, count=2))
+    assert drawn and all(sum(a.nbytes for s in attempt.samples for a in s.values()) <= samples.SET_BYTES
+                         for attempt in drawn)
+    out, _ = convert(m, provider=None)
+    assert amp_rewrite.check(m, out, random=2).samples == 2
+    monkeypatch.setattr(samples, "SET_BYTES", 8)
+    with pytest.raises(UserError, match=r"^generated inputs would exceed 7.63e-06 MiB a set \(.* GiB for batch="):
+        samples.generate(m)

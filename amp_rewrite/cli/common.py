@@ -8,7 +8,7 @@ from pathlib import Path
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
-from amp_rewrite.numerics.compare import METRICS, Tolerance, parse_tolerance
+from amp_rewrite.numerics.compare import METRICS, PRECISION_DEFAULTS, Tolerance, parse_tolerance
 from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_MODES, ConvertOptions
 from amp_rewrite.runtime.samples import parse_shape
@@ -47,8 +47,9 @@ def coloring_arguments(parser: argparse.ArgumentParser, float32: bool = False) -
 
 def tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tolerance")
-    group.add_argument("--rtol", type=float, default=Tolerance.rtol, help="relative tolerance (default %(default)g)")
-    group.add_argument("--atol", type=float, default=Tolerance.atol, help="absolute tolerance (default %(default)g)")
+    defaults = ", ".join(f"{value:g} for {precision}" for precision, value in PRECISION_DEFAULTS.items())
+    group.add_argument("--rtol", type=float, help=f"relative tolerance (default {defaults})")
+    group.add_argument("--atol", type=float, help=f"absolute tolerance (default {defaults})")
     group.add_argument("--tol", action="append", default=[], metavar="OUTPUT:RTOL:ATOL",
                        help="tolerance for one output")
     group.add_argument("--metric", choices=METRICS, default=Tolerance.metric,
@@ -66,7 +67,8 @@ def convert_options(args: argparse.Namespace) -> ConvertOptions:
         default, per_output = tolerances(args)
         extra = dict(calibrate=args.calibrate, validate=args.validate, tolerance=default, tolerances=per_output,
                      headroom=args.headroom, flush_share=args.flush_share, inputs=args.inputs,
-                     shapes=dict(parse_shape(s) for s in args.shape))
+                     shapes=dict(parse_shape(s) for s in args.shape), ir_version=args.ir_version,
+                     opset=args.opset)
     return ConvertOptions(
         precision=args.precision, provider=None if args.provider == "none" else args.provider,
         keep_io_types=args.keep_io_types, keep_fp32_ops=args.keep_fp32_op, keep_fp32_nodes=args.keep_fp32_node,

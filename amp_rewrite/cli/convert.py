@@ -44,6 +44,11 @@ def add_parser(commands) -> None:
     numerics.add_argument("--flush-share", type=float, default=ConvertOptions.flush_share,
                           help="calibration: keep a value float32 when more than this share of its nonzero "
                                "elements flush to zero (default %(default)g)")
+    conv.add_argument("--opset", type=int, metavar="N",
+                      help="upgrade the model to this opset first (bfloat16 upgrades a model below opset 13 by itself)")
+    conv.add_argument("--ir-version", type=int, metavar="N",
+                      help="the IR version the output declares (default: the input's), for a runtime that reads "
+                           "only older ones")
     tolerance_arguments(conv)
 
 

@@ -32,6 +32,7 @@ from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
 from amp_rewrite.runtime.samples import Sample
+from amp_rewrite.runtime.timing import first_line
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
 
@@ -57,6 +58,9 @@ DEPLOYED = "as deployed"
 BOTH_DEPLOYED = "both deployed"
 """The run of an output that fails as deployed against the float32 model's unoptimized run and
 passes against its run as deployed (``judged_as_deployed``)."""
+NO_KERNEL = "Could not find an implementation for"
+"""ONNX Runtime's refusal of an op that the provider has no kernel for at that type: the mixed model
+may still deploy on its target provider (CUDA runs bfloat16 MatMul; the CPU provider does not)."""
 DEPLOYED_OPTIMIZATION = "all"
 """ONNX Runtime's default graph optimization level: what a deployed session runs."""
 
@@ -82,6 +86,8 @@ class CheckResult:
     deployed: str = "off"
     """The run as deployed (``judged_as_deployed``): ``compared``, ``did not run: ...``,
     ``refused: ...``, or ``off``."""
+    tolerance: str = ""
+    """The default tolerance, and whether it is the mixed model's precision's (``Tolerance.describe``)."""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -106,6 +112,8 @@ class CheckResult:
                  f"{self.samples} sample{'s' if self.samples != 1 else ''}, {self.runs} model runs, "
                  f"{self.seconds:.1f} s)"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in (head, *rows)]
+        if self.tolerance:
+            lines.append(f"tolerance: {self.tolerance}")
         if self.generated:
             lines.append(f"generated inputs: {self.generated}")
         if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
@@ -201,12 +209,15 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     observed = run_model(mixed, mixed_dir, provider, data, emulate, [(0, name) for _, name in watch],
                          what="mixed model").results
     names = [o.name for o in mixed.graph.output]
-    outputs = compare_outputs(expected, observed, names, tolerance or Tolerance(), tolerances or {})
+    low = low_precision(mixed) or "float16"
+    tolerance = tolerance or Tolerance()
+    tolerances = {name: t.resolved(low) for name, t in (tolerances or {}).items()}
+    outputs = compare_outputs(expected, observed, names, tolerance.resolved(low), tolerances)
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
-                         outputs, runs=2 * len(data), generated=generated)
+                         outputs, runs=2 * len(data), generated=generated, tolerance=tolerance.describe(low))
     if deployed:
         result.outputs, result.deployed, runs = judged_as_deployed(
-            outputs, mixed, mixed_dir, provider, data, expected, tolerance or Tolerance(), tolerances or {},
+            outputs, mixed, mixed_dir, provider, data, expected, tolerance.resolved(low), tolerances,
             (original, original_dir))
         result.runs += runs
         result.passed = all(o.passed for o in result.outputs)
@@ -226,7 +237,7 @@ def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_
     ``mixed`` as deployed (ONNX Runtime's default graph optimizations), what became of that
     run, and the model runs made here. What became of it: ``compared``; ``did not run: ...``
     where ONNX Runtime crashed (then ``outputs`` stand: its CPU provider crashes on some float16
-    graphs that CUDA runs); or ``refused: ...`` where
+    graphs that CUDA runs) or has no kernel for an op at its type (NO_KERNEL); or ``refused: ...`` where
     ONNX Runtime refuses the model once its optimizations have rewritten it (then every output
     fails: the model cannot be deployed at those settings). Where an output fails as deployed,
     the ``original`` float32 model (and its folder) runs as deployed too, and an output that
@@ -239,6 +250,8 @@ def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_
     except NativeFailure as exc:
         return outputs, f"did not run: {exc}", 0
     except Exception as exc:  # ONNX Runtime's error, whatever its class: the finding is that it refused
+        if NO_KERNEL in str(exc):  # a bfloat16 MatMul on the CPU provider: the provider's lack, not the model's
+            return outputs, f"did not run: {provider} has no kernel for one of its ops ({first_line(exc)})", 0
         refused = f"refused: ONNX Runtime at its default optimizations: {str(exc).splitlines()[0][:300]}"
         return [replace(o, passed=False, run=DEPLOYED) for o in outputs], refused, 0
     names, runs = [o.name for o in outputs], len(data)
@@ -352,12 +365,16 @@ def load_model(model) -> tuple[onnx.ModelProto, str | None]:
     raise UserError(f"cannot check a {type(model).__name__}: pass a path or an onnx.ModelProto")
 
 
-def _mode(mixed: onnx.ModelProto, provider: str, emulate: bool) -> str:
-    types = {v.elem_type for v in typed_index(mixed).all_values()} | {
-        t.data_type for t in io.initializers(mixed)}
-    low = "bfloat16" if onnx.TensorProto.BFLOAT16 in types else "float16"
+def low_precision(mixed: onnx.ModelProto) -> str | None:
+    """The low precision the mixed model holds values in ("float16", "bfloat16"), None where none."""
+    types = {v.elem_type for v in typed_index(mixed).all_values()} | {t.data_type for t in io.initializers(mixed)}
     if not types & LOW_TYPES:
-        low = "no low-precision values"
+        return None
+    return "bfloat16" if onnx.TensorProto.BFLOAT16 in types else "float16"
+
+
+def _mode(mixed: onnx.ModelProto, provider: str, emulate: bool) -> str:
+    low = low_precision(mixed) or "no low-precision values"
     return f"emulated {low} on {provider}" if emulate else f"native on {provider}"
 
 

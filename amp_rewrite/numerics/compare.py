@@ -30,15 +30,36 @@ _TINY = 1e-30
 
 @dataclass(frozen=True)
 class Tolerance:
-    rtol: float = 1e-2
-    atol: float = 1e-2
+    """``rtol``/``atol`` None: the default of the precision the mixed model runs in
+    (``resolved``: PRECISION_DEFAULTS)."""
+
+    rtol: float | None = None
+    atol: float | None = None
     metric: str = "elementwise"
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise UserError(f"unknown metric {self.metric!r}; choose one of: {', '.join(METRICS)}")
-        if not (self.rtol >= 0 and self.atol >= 0):
+        if not all(t is None or t >= 0 for t in (self.rtol, self.atol)):
             raise UserError(f"tolerances must be non-negative numbers, got rtol={self.rtol} atol={self.atol}")
+
+    def resolved(self, precision: str) -> Tolerance:
+        """This tolerance with the default of ``precision`` ("float16", "bfloat16") where it has none."""
+        default = PRECISION_DEFAULTS.get(precision, PRECISION_DEFAULTS["float16"])
+        return Tolerance(default if self.rtol is None else self.rtol, default if self.atol is None else self.atol,
+                         self.metric)
+
+    def describe(self, precision: str) -> str:
+        """The tolerance as the report says it: its figures, and whether they are the precision's default."""
+        resolved = self.resolved(precision)
+        defaulted = [name for name in ("rtol", "atol") if getattr(self, name) is None]
+        origin = f" ({' and '.join(defaulted)}: {precision}'s default)" if defaulted else ""
+        return f"{resolved.metric}, rtol={resolved.rtol:g} atol={resolved.atol:g}{origin}"
+
+
+PRECISION_DEFAULTS = {"float16": 1e-2, "bfloat16": 8e-2}
+"""The default rtol and atol by low precision: bfloat16 keeps 8 bits of mantissa against float16's
+11, so its rounding error, and what an honest conversion drifts by, is 8 times float16's."""
 
 
 def parse_tolerance(text: str, default: Tolerance) -> tuple[str, Tolerance]:

@@ -8,6 +8,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import onnx
+import onnx.defs
+
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.numerics.compare import Tolerance
@@ -53,8 +56,13 @@ class ConvertOptions:
       nodes that produce and read it in float32. Replaces the generated-input range check.
     - ``validate``: samples on which the converted model is checked against the
       float32 one (emulating the target precision) with ``tolerance`` (and per-output
-      ``tolerances``); while it fails, the nodes localization blames are kept float32
-      and the model is converted again, at most ``max_rounds`` times.
+      ``tolerances``; rtol and atol not given are the precision's default); while it fails, the
+      nodes localization blames are kept float32 and the model is converted again, at most
+      ``max_rounds`` times.
+    - ``opset``: upgrade the model to this default-domain opset first (onnx's version
+      converter); bfloat16 upgrades a model below opset 13 by itself, where its ops allow.
+    - ``ir_version``: the IR version the output declares (default: the input's), for a
+      runtime that reads only older ones; at least what the model's opsets need.
     """
 
     precision: Precision | str = Precision.FLOAT16
@@ -79,6 +87,8 @@ class ConvertOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     tolerances: dict[str, Tolerance] = field(default_factory=dict)
     max_rounds: int = 8
+    ir_version: int | None = None
+    opset: int | None = None
 
     def validated(self) -> ConvertOptions:
         """Return a copy with enums resolved; raise UserError on a bad value."""
@@ -95,6 +105,12 @@ class ConvertOptions:
                 re.compile(pattern)
             except re.error as exc:
                 raise UserError(f"node pattern {pattern!r} is not a valid regular expression: {exc}") from None
+        if self.ir_version is not None and not 3 <= self.ir_version <= onnx.IR_VERSION:
+            raise UserError(f"ir_version must be between 3 and {onnx.IR_VERSION} (the newest this onnx writes), "
+                            f"got {self.ir_version}")
+        if self.opset is not None and not 7 <= self.opset <= onnx.defs.onnx_opset_version():
+            raise UserError(f"opset must be between 7 and {onnx.defs.onnx_opset_version()} (the newest this onnx "
+                            f"knows), got {self.opset}")
         if not 0 <= self.flush_share <= 1:
             raise UserError(f"flush_share must be between 0 and 1, got {self.flush_share}")
         if self.headroom < 1:
@@ -103,7 +119,9 @@ class ConvertOptions:
                 isinstance(item, (str, os.PathLike, Mapping)) for item in self.inputs):
             raise UserError("inputs must be a list of .npz paths or dicts of arrays")
         return ConvertOptions(**{**self.__dict__, "precision": precision, "shapes": _shapes(self.shapes),
-                                 "range_check": self._range_check()})
+                                 "range_check": self._range_check(),
+                                 "tolerance": self.tolerance.resolved(precision.value),
+                                 "tolerances": {k: t.resolved(precision.value) for k, t in self.tolerances.items()}})
 
     def _range_check(self) -> str:
         """The range-check mode: "on" when the user gave its inputs or their shapes."""

@@ -2,7 +2,7 @@
 then ``InsertCasts`` edits it, ``SeparateNormCasts`` keeps ONNX Runtime's LayerNorm fusion
 from breaking the result, and ``DeclareInferredShapes`` declares the shapes the analysis inferred.
 
-0. InlineFunctions  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
+0. InlineFunctions, UpgradeOpset  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. KeepQuantizedUnits  7. MeasureRanges  8. PropagateDeny  9. KeepRmsEpsilons
 10. ChooseMinCasts  11. InsertCasts  12. SeparateNormCasts  13. DeclareInferredShapes
 """
@@ -28,6 +28,7 @@ from amp_rewrite.rewrite.passes import (
     InsertCasts,
     MeasureRanges,
     SeparateNormCasts,
+    UpgradeOpset,
 )
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.passes.measure_ranges import Measurement
@@ -44,10 +45,11 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). A model
     that defines functions is analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
     options = (options or ConvertOptions()).validated()
-    inlined = None
-    if model.functions:
+    inlined = upgraded = None
+    if model.functions or UpgradeOpset.needed(model, options):
         model = onnx.ModelProto.FromString(model.SerializeToString())
         inlined = InlineFunctions().run(model)
+        upgraded = UpgradeOpset().run(model, options)
     if measuring is None and measured is None:
         measuring = MeasureRanges.start(model, options, base_dir)
     try:
@@ -74,8 +76,7 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
         raise
     if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
         measuring.close()
-    if inlined:
-        analysis.notes.append(inlined)
+    analysis.notes.extend(note for note in (inlined, upgraded) if note)
     return analysis
 
 
@@ -87,9 +88,9 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
     as ``analyze`` takes them."""
     with gc_paused():
         inlined = InlineFunctions().run(proto)
+        upgraded = UpgradeOpset().run(proto, options.validated())
         analysis = analyze(proto, options, base_dir, measured, measuring=measuring, speculate=speculate)
-        if inlined:
-            analysis.notes.append(inlined)
+        analysis.notes.extend(note for note in (inlined, upgraded) if note and note not in analysis.notes)
         release_free_memory()
         started = time.perf_counter()
         stats = InsertCasts(defer).run(analysis)

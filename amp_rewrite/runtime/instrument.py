@@ -12,6 +12,7 @@ measures every value of the model, nested ones included.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import onnx.defs
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir import ir_versions
 from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.graph import ModelIndex, ValueKey
 from amp_rewrite.ir.opsets import default_opset, ensure_opset
@@ -353,13 +355,87 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     if initializers:
         options.add_external_initializers(list(initializers),
                                           [ort.OrtValue.ortvalue_from_numpy(a) for a in initializers.values()])
-    serialized = model if isinstance(model, bytes) else runnable(model).SerializeToString()
+    proto = None if isinstance(model, bytes) else runnable(model)
+    if proto is None:
+        serialized = readable(model)
+    else:
+        with _zero_extents_unknown(proto):
+            serialized = readable(proto.SerializeToString(), proto)
     created = ort.InferenceSession(serialized, options, providers=[provider],
                                    provider_options=[dict(provider_options or {})])
     if provider not in created.get_providers():  # onnxruntime-gpu lists CUDA even when it cannot load it
         raise UserError(f"{provider} could not be started (its libraries are missing or no device is there); "
                         f"the session got {', '.join(created.get_providers())}")
     return created
+
+
+@functools.cache
+def readable_ir_version() -> int:
+    """The newest IR version the installed onnxruntime reads: asked of it, a one-node model per
+    version from the newest onnx writes down (it says so only by refusing a model)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    for version in range(onnx.IR_VERSION, 3, -1):
+        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ORT_MIN_OPSET)], ir_version=version)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            return version
+        except Exception:  # refused: an older version, then
+            continue
+    return onnx.IR_VERSION
+
+
+def readable(serialized: bytes, model: onnx.ModelProto | None = None) -> bytes:
+    """``serialized`` as the installed onnxruntime reads it: declared at the newest IR version it
+    reads where the model declares a newer one (``model``, its proto where at hand, says which
+    and whether its opsets allow that: a clear error where they need the newer version)."""
+    declared = model.ir_version if model is not None else ir_versions.declared_ir_version(serialized)
+    if declared is None or declared <= READ_BY_ALL:
+        return serialized
+    newest = readable_ir_version()
+    if declared <= newest:
+        return serialized
+    if model is not None and (needed := ir_versions.needed_ir_version(model)) > newest:
+        raise UserError(f"the installed onnxruntime reads IR versions up to {newest}, and the model's opsets "
+                        f"need IR version {needed}: install a newer onnxruntime")
+    return ir_versions.declared_at(serialized, newest)
+
+
+READ_BY_ALL = 10
+"""The newest IR version every onnxruntime this package takes (1.18 on) reads: a model declared
+at it or below needs no asking (``readable_ir_version`` imports onnxruntime, and asks it)."""
+
+
+def ir_version_note(model: onnx.ModelProto) -> str | None:
+    """What the report says where ONNX Runtime ran the model declared at an older IR version
+    (``readable``), None where it ran it as it is."""
+    if model.ir_version <= READ_BY_ALL or model.ir_version <= (newest := readable_ir_version()):
+        return None
+    import onnxruntime as ort
+
+    return (f"the model declares IR version {model.ir_version}, and onnxruntime {ort.__version__} reads up to "
+            f"{newest}: its runs here used the model declared at IR version {newest}")
+
+
+@contextlib.contextmanager
+def _zero_extents_unknown(model: onnx.ModelProto) -> Iterator[None]:
+    """Graph inputs' dimensions declared with extent 0 declared unknown while in the block, back
+    as they were after: exporters write 0 for "dynamic", which ONNX Runtime takes at its word
+    (it refuses any other extent), so a session runs the model with them unknown."""
+    zeros = [d for info in model.graph.input if info.type.HasField("tensor_type")
+             for d in info.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value == 0]
+    for dim in zeros:
+        dim.ClearField("dim_value")
+    try:
+        yield
+    finally:
+        for dim in zeros:
+            dim.dim_value = 0
 
 
 def runnable(model: onnx.ModelProto) -> onnx.ModelProto:

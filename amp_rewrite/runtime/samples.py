@@ -19,7 +19,7 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import onnx
@@ -48,6 +48,15 @@ nothing binds are halved from NAMED_DIM until the sample fits (or they reach 1);
 extents (FALLBACK_DIMS), tried when that does not run, are not capped. Eight 224x224
 images cost the range check 4-6 s on timm's ViT-Base and RDNet (one run each) and say no more
 about value ranges than one does."""
+LONGER_DIMS = (16, 128, 1024, 8192)
+"""Extents tried last for the free dimensions that no input leads with (not the batch), and only
+after a run failed inside the model
+(``failed_inside``): ONNX Runtime names the node that refused its operand (a reflect Pad wider
+than its axis, a window longer than the sequence), not the input extent that would do."""
+LONGER_ORIGIN = "a longer extent after a run failed inside the model"
+SET_BYTES = 256 << 20
+"""The most bytes one candidate set of generated samples may hold: a set past it is passed over
+(an implied extent can be absurd: a batch bound to 10^9 through a Reshape's constant)."""
 IMPLIED_FAILED = "the extents the graph implies could not be read"
 """Said in the line of each set drawn after ``input_dims`` failed on the model (a rule's bug)."""
 INTEGER_HIGH = 4
@@ -121,21 +130,40 @@ def checked(sample: Mapping[str, np.ndarray], model: onnx.ModelProto, origin: st
 
 
 def to_add(model: onnx.ModelProto, given: Sequence[Sample], random: int | None,
-           shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> Iterable[tuple[str, list[Sample]]]:
+           shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0) -> Iterable[Attempt]:
     """The generated samples to add to ``given`` ones, as candidate sets in ``attempts``' order
     (a caller takes the first its float32 run accepts): ``random`` of them, one where nothing is
     given; where samples are given and none are asked for, one empty set."""
-    return attempts(model, shapes, seed, random or 1) if random or not given else [("", [])]
+    return attempts(model, shapes, seed, random or 1) if random or not given else [Attempt("", [])]
 
 
 def generate(model: onnx.ModelProto, count: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
              seed: int = 0) -> list[Sample]:
     """``count`` generated samples for the model's inputs: the first, most plausible, of ``attempts``."""
-    return next(attempts(model, shapes, seed, count))[1]
+    return next(attempts(model, shapes, seed, count)).samples
+
+
+class Attempt(NamedTuple):
+    """One candidate set of generated samples: what extents the names got, the samples, and
+    whether it is worth a run only after one failed inside the model (``LONGER_DIMS``)."""
+
+    description: str
+    samples: list[Sample]
+    longer: bool = False
+
+    def worth_after(self, refusal: BaseException | str | None) -> bool:
+        """Whether to run this set after ``refusal`` (the last set's failure; None: none yet)."""
+        return not self.longer or refusal is not None and failed_inside(refusal)
+
+
+def failed_inside(refusal: BaseException | str) -> bool:
+    """Whether ONNX Runtime loaded the model and failed running one of its nodes: an operand's
+    extent may be what it refused (a model it cannot load fails whatever the extents)."""
+    return "Non-zero status code returned while running" in str(refusal)
 
 
 def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-             count: int = 1, implied_first: bool = True) -> Iterator[tuple[str, list[Sample]]]:
+             count: int = 1, implied_first: bool = True) -> Iterator[Attempt]:
     """Candidate sets of ``count`` generated samples, the most plausible first, each with a line
     saying what extents the dimension names got (``batch=4 (from Reshape 'r1'), seq=8``; empty
     when the model names none).
@@ -145,7 +173,9 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     lowered while a sample would exceed SAMPLE_ELEMENTS); then the others at each of
     FALLBACK_DIMS; then, where the model has strided Convs or pools, the names no input leads
     with at their total stride (``input_dims.total_stride``); then, if the graph implied
-    anything, the same without what it implied. ``implied_first=False`` puts the plain
+    anything, the same without what it implied; last, the free names at each of LONGER_DIMS
+    (``Attempt.longer``). A set of more than SET_BYTES is passed over (a UserError where every
+    set is). ``implied_first=False`` puts the plain
     defaults first and infers what the graph implies only when they are rejected: for a
     caller that retries, the inference (a shape inference of the whole model) is paid only
     by the models that need it. ``shapes`` fix inputs outright and bind the names their
@@ -189,13 +219,16 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
                 yield {**implied, **strided}, None
         if implied != given:
             yield from ((given, None), (given, FALLBACK_DIMS[0]))
+        for size in LONGER_DIMS:  # the sequence's, the image's extents: never the batch's
+            yield {**given, **{d: input_dims.Pin(size, LONGER_ORIGIN) for d in defaults
+                               if d not in given and d not in leading}}, None
 
     dtypes = {name: _numpy_type(info.type.tensor_type.elem_type) for name, info in inputs.items()}
     # integer inputs may index, they and the scalars and vectors may steer an op (``operands``)
     index = ModelIndex(structure) if any(t.kind in "iub" or len(named[name]) <= 1 for name, t in dtypes.items()) \
         else None
     highs = integer_ranges(index) if index is not None else {}
-    tried = set()
+    tried, too_large = set(), []
     for pins, size in plans():
         extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
         capped = _capped(extents, [d for d in defaults if d not in pins], named, shapes) if size is None else {}
@@ -213,11 +246,19 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
                 for d, extent in extents.items()}
         description = "; ".join(filter(None, [", ".join(f"{d}={extent}{said[d]}" for d, extent in extents.items()),
                                               *failed[:1]]))
+        size_bytes = count * sum(math.prod(shape) * dtypes[name].itemsize for name, shape in plan.items())
+        if size_bytes > SET_BYTES:
+            too_large.append(f"{size_bytes / 2**30:.3g} GiB for {description}")
+            continue
         steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
         # every input drawn, so that each keeps the draws it had before steering inputs were made
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                  for _ in range(count)]
-        yield description, [{**sample, **steering} for sample in drawn]
+        longer = any(pin.origin == LONGER_ORIGIN for pin in pins.values())
+        yield Attempt(description, [{**sample, **steering} for sample in drawn], longer)
+    if len(too_large) == len(tried):
+        raise UserError(f"generated inputs would exceed {SET_BYTES / 2**20:.3g} MiB a set ({too_large[0]}); "
+                        f"pass --shape NAME:DIMS or --inputs")
 
 
 def _capped(extents: Mapping[str, int], free: Sequence[str], named: Mapping[str, tuple],
@@ -307,17 +348,18 @@ def _origin(pin: input_dims.Pin | None, extent: int) -> str:
     return f" (the most {pin.origin.removesuffix(input_dims.AT_MOST)})" if pin.ceiling else f" (from {pin.origin})"
 
 
-def first_that_runs(candidates: Iterable[tuple[str, list[Sample]]],
-                    run: Callable[[list[Sample]], T]) -> tuple[str, T]:
-    """``run`` on each of ``candidates`` (as ``attempts`` yields them) until it returns:
-    (the description of the set it ran on, what it returned). Raises the first set's error
-    when none runs."""
-    first = None
-    for description, data in candidates:
+def first_that_runs(candidates: Iterable[Attempt], run: Callable[[list[Sample]], T]) -> tuple[str, T]:
+    """``run`` on each of ``candidates`` (as ``attempts`` yields them, each where
+    ``worth_after`` the last failure) until it returns: (the description of the set it ran on,
+    what it returned). Raises the first set's error when none runs."""
+    first = last = None
+    for attempt in candidates:
+        if not attempt.worth_after(last):
+            continue
         try:
-            return description, run(data)
+            return attempt.description, run(attempt.samples)
         except Exception as exc:  # the next set may run where this one did not
-            first = first or exc
+            first, last = first or exc, exc
     raise first
 
 
@@ -401,9 +443,10 @@ def _numpy_type(elem_type: int) -> np.dtype:
 
 
 def _fixed(dim) -> int | None:
-    """A dimension's fixed extent; None for a name, nothing, or the -1 some exporters write for
-    a dynamic dimension."""
-    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value >= 0 else None
+    """A dimension's fixed extent; None for a name, nothing, or the -1 or 0 some exporters write
+    for a dynamic dimension (ONNX Runtime runs a model with such inputs declared unknown:
+    ``instrument.session``)."""
+    return dim.dim_value if dim.HasField("dim_value") and dim.dim_value > 0 else None
 
 
 def _shape_text(dims: Iterable) -> str:

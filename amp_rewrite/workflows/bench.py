@@ -180,9 +180,11 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
         def timed(label: str, proto: onnx.ModelProto, base_dir: str | None, provider_options=None) -> Timed:
             return Timed(label, proto, base_dir, [samples.checked(sample, proto) for sample in data], provider_options)
 
-        first_refusal = None
-        for _, drawn in generated:
-            data = given + drawn
+        first_refusal = refused = None
+        for attempt in generated:
+            if not attempt.worth_after(refused):
+                continue
+            data = given + attempt.samples
             baselines = [timed(label, original, original_dir, opts)
                          for label, opts in FLOAT32_BASELINES.get(provider, PLAIN_BASELINE)]
             timings = time_models([*baselines, *(timed(*c) for c in candidates)], provider, warmup, runs,

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import onnx
 
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir import io
+from amp_rewrite.ir import io, ir_versions
 from amp_rewrite.ir.tensors import close_data_file, data_file
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
 from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
+from amp_rewrite.runtime import instrument
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -75,6 +76,7 @@ def _convert(model, output, options: ConvertOptions):
         # and the range check's measurement is settled once they are.
         analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path", speculate=kind == "path")
     _record_decisions(proto, analysis)
+    _declare_ir_version(proto, analysis)
     saving = time.perf_counter()
     spent: Counter[str] = Counter()  # seconds by step of a first conversion that the range check undid
     if kind == "path":
@@ -88,6 +90,7 @@ def _convert(model, output, options: ConvertOptions):
                 spent[_LOAD] += time.perf_counter() - reloading
                 analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
                 _record_decisions(proto, analysis)
+                _declare_ir_version(proto, analysis)
                 saving = time.perf_counter()
                 written = _save(proto, model, output, base_dir, stats, analysis)
         finally:
@@ -168,6 +171,22 @@ def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
     del proto.metadata_props[:]
     proto.metadata_props.extend(entries)
     proto.metadata_props.add(key=RECORD_KEY, value=json.dumps(kept, sort_keys=True))
+
+
+def _declare_ir_version(proto: onnx.ModelProto, analysis: Analysis) -> None:
+    """The output's IR version: the input's, or ``options.ir_version`` where the model's opsets
+    allow it; the report notes where ONNX Runtime ran the model declared at an older one."""
+    asked = analysis.options.ir_version
+    if asked is not None and asked != proto.ir_version:
+        needed = max(ir_versions.needed_ir_version(proto), 4 if proto.ir_version >= 4 else 3)
+        if asked < needed:
+            raise UserError(f"--ir-version {asked}: the model needs IR version {needed} at least (its opsets; "
+                            f"below 4, initializers must be listed as graph inputs)")
+        proto.ir_version = asked
+        return
+    if (ran := instrument.ir_version_note(proto)) and not any(ran in note for note in analysis.notes):
+        analysis.notes.append(f"note: {ran}; the output keeps IR version {proto.ir_version} "
+                              f"(--ir-version {instrument.readable_ir_version()} writes one that runtime loads)")
 
 
 def _input_files(path, tensors: Iterable[onnx.TensorProto]) -> list[Path]:

@@ -1,6 +1,7 @@
 """The graph passes, one per module, in the order ``convert`` runs them.
 
-``InlineFunctions`` first replaces calls of the model's own functions by their bodies;
+``InlineFunctions`` first replaces calls of the model's own functions by their bodies, and
+``UpgradeOpset`` raises the model's opset where the target precision or the user needs it;
 analysis passes refine a coloring and edit nothing; ``InsertCasts`` changes the model,
 ``SeparateNormCasts`` mends what it made for ONNX Runtime's LayerNorm fusion, and
 ``DeclareInferredShapes`` writes the shapes the analysis inferred into it.
@@ -20,10 +21,11 @@ from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
 from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
 from amp_rewrite.rewrite.passes.propagate_deny import PropagateDeny
 from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
+from amp_rewrite.rewrite.passes.upgrade_opset import UpgradeOpset
 
 ANALYSIS = (InferTypes, FindCandidates, ColorByPolicy, KeepUnfitConstants, KeepTruncatedValues, KeepQuantizedUnits,
             MeasureRanges, PropagateDeny, KeepRmsEpsilons, ChooseMinCasts)
 
 __all__ = ["ANALYSIS", "ChooseMinCasts", "ColorByPolicy", "DeclareInferredShapes", "FindCandidates", "InferTypes",
            "InlineFunctions", "InsertCasts", "KeepQuantizedUnits", "KeepRmsEpsilons", "KeepTruncatedValues",
-           "KeepUnfitConstants", "MeasureRanges", "PropagateDeny", "SeparateNormCasts"]
+           "KeepUnfitConstants", "MeasureRanges", "PropagateDeny", "SeparateNormCasts", "UpgradeOpset"]

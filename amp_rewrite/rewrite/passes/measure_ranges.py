@@ -333,7 +333,7 @@ def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[
     child process: (what extents generated inputs took, statistics by value key). The data
     are drawn here, before any session: data that cannot be made is the error to report."""
     given = samples.resolve(options.calibrate or options.inputs, model)
-    candidates = (iter([("", given)]) if given
+    candidates = (iter([samples.Attempt("", given)]) if given
                   else samples.attempts(model, options.shapes, options.seed, implied_first=False))
     first = next(candidates)
     thresholds = instrument.Thresholds.of(options.precision)
