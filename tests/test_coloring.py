@@ -12,8 +12,9 @@ from onnx import numpy_helper
 
 from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
 from amp_rewrite.ir.precision import Precision
-from amp_rewrite.rewrite.passes import MeasureRanges, measure_ranges
-from amp_rewrite.runtime import instrument
+from amp_rewrite.rewrite.passes import MeasureRanges
+from amp_rewrite.rewrite.pipeline import start_measuring
+from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.emulate import emulated
 from models import builders
 from tests.helpers import cast_count, colors, model, rms_norm, rng, run
@@ -331,8 +332,8 @@ def test_a_power_the_range_check_could_not_measure_stays_deny(monkeypatch):
     def cannot_run(*args, **kwargs):
         raise RuntimeError("no kernel")
 
-    monkeypatch.setattr(measure_ranges, "_measure_every_value", cannot_run)
-    monkeypatch.setattr(measure_ranges, "_measure", cannot_run)
+    monkeypatch.setattr(ranges, "_measure_every_value", cannot_run)
+    monkeypatch.setattr(ranges, "measure", cannot_run)
     out, report = convert(_tanh_gelu(1.0))
     assert report.range_check.startswith("NOT RUN")
     decisions = {d.node: d for d in report.decisions}
@@ -571,11 +572,11 @@ def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     def measured_again(*args):
         raise AssertionError("measured after the analysis")
 
-    monkeypatch.setattr(measure_ranges, "isolated", measured_again)
+    monkeypatch.setattr(ranges, "measure", measured_again)
     out, report = convert(m, provider=None)
     assert colors(out) == {"allow1": "fp32"} and report.range_check.startswith("measured 1 values")
-    assert MeasureRanges.start(m, ConvertOptions(range_check="off").validated(), None) is None
-    assert MeasureRanges.start(m, ConvertOptions(precision="bfloat16").validated(), None) is None
+    assert start_measuring(m, ConvertOptions(range_check="off").validated(), None) is None
+    assert start_measuring(m, ConvertOptions(precision="bfloat16").validated(), None) is None
 
 
 def _matmul_and_other(tmp_path, big: bool, custom: bool):
@@ -653,7 +654,7 @@ def test_measured_beside_the_analysis_a_reshape_of_a_computed_value_stands_for_i
         y = Reshape(a, s1)
         z = Reshape(x, s2)
     }""", {"s1": np.array([4, 2], np.int64), "s2": np.array([8], np.int64)})
-    assert measure_ranges._computed_top_level(m) == {"a": (0, "a"), "z": (0, "z")}
+    assert ranges._computed_top_level(m) == {"a": (0, "a"), "z": (0, "z")}
 
 
 def test_where_not_every_value_runs_the_range_check_measures_the_watched_ones_alone():

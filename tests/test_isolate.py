@@ -14,8 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_rewrite import UserError, convert
-from amp_rewrite.rewrite.passes import measure_ranges
-from amp_rewrite.runtime import instrument, isolate, stages
+from amp_rewrite.runtime import instrument, isolate, ranges, stages
 from amp_rewrite.runtime.isolate import Hung, NativeFailure, Started, isolated
 from tests.helpers import colors, model
 
@@ -112,7 +111,7 @@ def test_convert_survives_a_range_check_that_crashes(child, monkeypatch) -> None
     monkeypatch.setattr(isolate._Worker, "_idle", None)  # a worker forked before the patch would not crash
     monkeypatch.setattr(isolate.Started, "_count", 1)  # not the process's first child, which is one of its own
     if child == "forked":
-        monkeypatch.setattr(measure_ranges, "PORTABLE_NODES", 0)
+        monkeypatch.setattr(ranges, "PORTABLE_NODES", 0)
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model on generated inputs")
     assert "crashed (signal SIGSEGV)" in report.range_check
@@ -205,7 +204,7 @@ def test_a_range_check_that_deadlocks_is_measured_again(monkeypatch, tmp_path) -
         return measure(*args)
 
     monkeypatch.setattr(stages, "measure", first_stalls)
-    monkeypatch.setattr(measure_ranges, "PORTABLE_NODES", 0)  # each measurement in a child of its own
+    monkeypatch.setattr(ranges, "PORTABLE_NODES", 0)  # each measurement in a child of its own
     m = model("(float[2,4] x) => (float[2,4] y) { [allow1] y = MatMul(x, w) }",
               {"w": np.full((4, 4), 3000.0, np.float32)})
     out, report = convert(m, provider=None)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from onnx import TensorProto
 
-from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
+from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value, ValueKey
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import InferredTypes
 from amp_rewrite.ir.tensors import constant_tensor
@@ -19,7 +20,8 @@ from amp_rewrite.rewrite.coloring import Color, Coloring, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
 
 if TYPE_CHECKING:
-    from amp_rewrite.rewrite.passes.measure_ranges import Measurement, Pending
+    from amp_rewrite.rewrite.passes.measure_ranges import Pending
+    from amp_rewrite.runtime.ranges import Measurement, Table
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"
@@ -55,8 +57,11 @@ class Analysis:
     """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
     measuring: Measurement | None = None
-    """The range check's measurement, started before the analysis (``MeasureRanges.start``);
+    """The range check's measurement, started before the analysis (``pipeline.start_measuring``);
     MeasureRanges collects it."""
+    remeasure: Callable[[list[ValueKey]], Table] | None = None
+    """Measures the values of those keys now: what MeasureRanges falls back on where
+    ``measuring`` failed or was not started."""
     speculate: bool = False
     """Whether MeasureRanges may leave its values ``pending`` when the measurement is not in,
     for the caller to ``settle`` after converting on."""

@@ -10,6 +10,7 @@ from breaking the result, and ``DeclareInferredShapes`` declares the shapes the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
@@ -31,8 +32,9 @@ from amp_rewrite.rewrite.passes import (
     UpgradeOpset,
 )
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
-from amp_rewrite.rewrite.passes.measure_ranges import Measurement
+from amp_rewrite.runtime import ranges
 from amp_rewrite.runtime.isolate import release_free_memory
+from amp_rewrite.runtime.ranges import Measurement
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
@@ -51,7 +53,7 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
         inlined = InlineFunctions().run(model)
         upgraded = UpgradeOpset().run(model, options)
     if measuring is None and measured is None:
-        measuring = MeasureRanges.start(model, options, base_dir)
+        measuring = start_measuring(model, options, base_dir)
     try:
         with gc_paused():
             started = time.perf_counter()
@@ -63,6 +65,7 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
             release_free_memory()
             inferred_at = time.perf_counter()
             analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
+                                remeasure=functools.partial(ranges.measure, model, _range_source(options), base_dir),
                                 speculate=speculate, inferred=inferred)
             analysis.seconds["ShapeInference"] = inferred_at - started
             analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
@@ -78,6 +81,18 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
         measuring.close()
     analysis.notes.extend(note for note in (inlined, upgraded) if note)
     return analysis
+
+
+def start_measuring(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
+    """The range check's measurement of every float value of ``model``, started beside the
+    analysis (None where the options rule the range check out, or no child can be had)."""
+    if MeasureRanges.skip_reason(model, options):
+        return None
+    return ranges.start(model, _range_source(options), base_dir)
+
+
+def _range_source(options: ConvertOptions) -> ranges.Source:
+    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed, options.precision)
 
 
 def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,

@@ -1,11 +1,9 @@
-"""MeasureRanges: run the float32 model on data and keep values that don't fit float32."""
+"""MeasureRanges: judge the float32 model's measured value ranges, and keep float32 what does not fit."""
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import onnx
@@ -15,22 +13,18 @@ from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
-from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
+from amp_rewrite.policy.oplists import SAME_ELEMENTS
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.runtime import instrument, isolate, samples, stages
-from amp_rewrite.runtime.isolate import Hung, Progress, Stalled, Started, isolated
+from amp_rewrite.runtime import instrument, isolate
+from amp_rewrite.runtime.isolate import Hung
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
 _GENERATED = "generated inputs"
 _NAMED = 5
 """Values named in the warning when none could be measured."""
-PORTABLE_NODES = 2000
-PORTABLE_BYTES = 16 << 20
-"""Models up to this many top-level nodes and weight bytes are measured in the process's worker
-(``isolate``; they are pickled to it, in milliseconds) rather than in a child forked for them."""
 
 
 def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
@@ -53,11 +47,12 @@ class MeasureRanges:
     when nothing could be measured, such nodes are deny again, and the report says so
     prominently (``--range-check on``: an error).
 
-    The measurement starts before the analysis (``start``, in a child process beside it) and
-    takes in every float value: which values may run low is known only when the coloring is
-    done, and measuring all of them beside the analysis costs less time than measuring fewer
-    after it. Where that measurement fails (a node that no watched value needs may be one
-    that ONNX Runtime cannot run), the watched values alone are measured again.
+    The pass judges tables (``ranges.Table``) and runs nothing: the pipeline starts the
+    measurement of every float value before the analysis, beside it (``analysis.measuring``;
+    which values may run low is known only when the coloring is done, and measuring all of them
+    beside the analysis costs less time than measuring fewer after it), and gives the pass a way
+    to measure the watched values alone where that measurement failed (``analysis.remeasure``:
+    a node that no watched value needs may be one that ONNX Runtime cannot run).
 
     A conversion may go on past this pass while the measurement runs (``speculate``): the
     pass then leaves its values ``pending``, and ``settle`` says, once the measurement is in,
@@ -66,16 +61,10 @@ class MeasureRanges:
     """
 
     @staticmethod
-    def start(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
-        """Start measuring every float value of ``model`` for ``run``, in a child process
-        (None when the options rule the range check out, or where processes cannot fork)."""
-        if isolate.in_process() or _skip_reason(_initializers(model), options, bool(options.calibrate)):
-            return None
-        # the data are drawn in the child too: data that cannot be made is the range check's error, reported by ``run``
-        portable = (len(model.graph.node) <= PORTABLE_NODES and not options.calibrate and not options.inputs
-                    and sum(value_bytes(t) for t in _initializers(model)) <= PORTABLE_BYTES)
-        return Measurement(Started(functools.partial(_measure_every_value, model, options, base_dir),
-                                   "onnxruntime (range check)", portable=portable))
+    def skip_reason(model: onnx.ModelProto, options: ConvertOptions) -> str | None:
+        """Why the range check does not run on ``model`` with ``options``, if it does not: then
+        nothing is to be measured for it."""
+        return _skip_reason(_initializers(model), options, bool(options.calibrate))
 
     def run(self, analysis: Analysis) -> None:
         self._apply_record(analysis)
@@ -128,11 +117,11 @@ class MeasureRanges:
             return False
         if found is None:
             return False
-        count, verdicts = _judged(analysis, pending.watched, pending.sources, found[1], pending.calibrated,
+        count, verdicts = _judged(analysis, pending.watched, pending.sources, found.stats, pending.calibrated,
                                   pending.source)
         if verdicts:
             return False
-        _describe(analysis, found[0])
+        _describe(analysis, found.description)
         analysis.range_check = _measured_line(analysis, count, pending.source, 0)
         return True
 
@@ -258,40 +247,6 @@ class Pending:
     """What the values are measured on (the report's words)."""
 
 
-class Measurement:
-    """The measurement of every float value that ``MeasureRanges.start`` began beside the analysis."""
-
-    def __init__(self, started: Started) -> None:
-        self._started: Started | None = started
-        self._found: tuple[str, dict] | None = None
-        self._hung: Hung | None = None
-
-    def result(self) -> tuple[str, dict] | None:
-        """(what extents generated inputs took, statistics by value key), or None where it
-        failed: the watched values alone may run where every value did not, and a child that
-        deadlocked (``Stalled``) was not the model's doing. A hang past the time limit is raised,
-        each time: measuring again would hang again."""
-        if self._started is not None:
-            started, self._started = self._started, None
-            try:
-                self._found = started.result()
-            except Stalled:
-                self._found = None
-            except Hung as hung:
-                self._hung = hung
-            except Exception:  # measured again, the watched values alone
-                self._found = None
-        if self._hung is not None:
-            raise self._hung
-        return self._found
-
-    def close(self) -> None:
-        """Stop the measurement if it still runs (its result is no longer wanted)."""
-        if self._started is not None:
-            self._started.close()
-            self._started = None
-
-
 def _advice(analysis: Analysis) -> str:
     """What makes a range check run that did not: inputs the model accepts, or, below the
     opsets ONNX Runtime has kernels for, a model that ``onnx.version_converter`` could not upgrade
@@ -308,15 +263,12 @@ def _measure(analysis: Analysis, watched: list[Value],
              sources: dict[ValueKey, ValueKey]) -> Mapping[ValueKey, instrument.ValueStats]:
     """The statistics of the watched values' sources (``sources``: their
     ``_same_elements_source`` where it is another value), by source: from the measurement
-    ``start`` began, or where it failed (or did not start), measured now in a child process
-    (``isolate``), stage by stage (``stages``)."""
+    the pipeline started, or where it failed (or did not start), measured now (``remeasure``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
-        keys = sorted({sources.get(v.key, v.key) for v in watched})
-        work = _work(analysis.index.model, analysis.options, analysis.base_dir, keys)
-        found = isolated(work, "onnxruntime (range check)")
-    _describe(analysis, found[0])
-    return found[1]
+        found = analysis.remeasure(sorted({sources.get(v.key, v.key) for v in watched}))
+    _describe(analysis, found.description)
+    return found.stats
 
 
 def _describe(analysis: Analysis, description: str) -> None:
@@ -327,54 +279,8 @@ def _describe(analysis: Analysis, description: str) -> None:
                               f"would have ended it")
 
 
-def _work(model: onnx.ModelProto, options: ConvertOptions, base_dir, keys: list[ValueKey] | None,
-          threads: int = 0) -> Callable[[Progress], tuple[str, dict]]:
-    """The measurement of ``keys`` (None: every float value) on the options' data, for a
-    child process: (what extents generated inputs took, statistics by value key). The data
-    are drawn here, before any session: data that cannot be made is the error to report."""
-    given = samples.resolve(options.calibrate or options.inputs, model)
-    candidates = (iter([samples.Attempt("", given)]) if given
-                  else samples.attempts(model, options.shapes, options.seed, implied_first=False))
-    first = next(candidates)
-    thresholds = instrument.Thresholds.of(options.precision)
-    top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
-
-    def work(progress: Progress) -> tuple[str, instrument.PackedStats]:
-        # a copy where the work runs in this process: the Sigmoids are made exact in place
-        lifted = instrument.lift_nested(instrument.runnable(model), keys, thresholds,
-                                           copy=bool(isolate.in_process()))
-        instrument.exact_sigmoid(lifted.model)
-        return samples.first_that_runs(
-            itertools.chain([first], candidates),
-            lambda data: instrument.PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
-                                                               base_dir, progress, threads)))
-
-    return work
-
-
-def _measure_every_value(model: onnx.ModelProto, options: ConvertOptions, base_dir,
-                         progress: Progress) -> tuple[str, dict]:
-    """``start``'s work (a function of its arguments alone, so that it pickles to the worker)."""
-    return _work(model, options, base_dir, None, threads=1)(progress)
-
-
 def _initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     return (t for graph in iter_graphs(model.graph) for t in graph.initializer)
-
-
-def _computed_top_level(model: onnx.ModelProto) -> dict[str, ValueKey]:
-    """The values that top-level nodes compute, less those whose elements a ``SAME_ELEMENTS``
-    node takes from another of them: ``_same_elements_source`` reads that one's statistics."""
-    computed: dict[str, ValueKey] = {}
-    made: set[str] = set()
-    for node in model.graph.node:
-        same = op_key(node.domain, node.op_type) in SAME_ELEMENTS and node.input and node.input[0] in made
-        for name in node.output:
-            if name:
-                made.add(name)
-                if not same:
-                    computed[name] = (0, name)
-    return computed
 
 
 def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
