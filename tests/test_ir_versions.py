@@ -104,6 +104,9 @@ def test_check_and_train_run_such_a_model(precision, runtime, tmp_path) -> None:
     mixed = tmp_path / "m.mixed.onnx"
     assert main(["convert", str(path), "-o", str(mixed), "--provider", "none", "--quiet"]) == 0
     assert main(["check", str(path), str(mixed), "--random", "2"]) == 0
+    notes = amp_rewrite.check(path, mixed, random=1).notes
+    assert len(notes) == (2 if runtime < onnx.IR_VERSION else 0)
+    assert all("its runs here used the model declared at IR version" in note for note in notes)
     trained = tmp_path / "t.onnx"
     assert main(["train", str(path), "--data", str(tmp_path / "d.npz"), "--loss", "cross-entropy", "--output",
                  "logits", "--labels", "labels", "--epochs", "2", "--precision", precision, "-o", str(trained),

@@ -88,6 +88,8 @@ class CheckResult:
     ``refused: ...``, or ``off``."""
     tolerance: str = ""
     """The default tolerance, and whether it is the mixed model's precision's (``Tolerance.describe``)."""
+    notes: list[str] = field(default_factory=list)
+    """What the check did to run the models (``instrument.ir_version_note``)."""
 
     def __bool__(self) -> bool:
         return self.passed
@@ -116,6 +118,7 @@ class CheckResult:
             lines.append(f"tolerance: {self.tolerance}")
         if self.generated:
             lines.append(f"generated inputs: {self.generated}")
+        lines += [f"note: {note}" for note in self.notes]
         if not self.passed and all(o.passed or o.run == DEPLOYED for o in self.outputs) and both:
             lines.append("fails only as deployed: ONNX Runtime's graph optimizations (a fusion) change the "
                          "low-precision graph's numerics; the unoptimized graph's run passes")
@@ -214,7 +217,9 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     tolerances = {name: t.resolved(low) for name, t in (tolerances or {}).items()}
     outputs = compare_outputs(expected, observed, names, tolerance.resolved(low), tolerances)
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
-                         outputs, runs=2 * len(data), generated=generated, tolerance=tolerance.describe(low))
+                         outputs, runs=2 * len(data), generated=generated, tolerance=tolerance.describe(low),
+                         notes=[f"{which}: {note}" for which, m in (("float32 model", original), ("mixed model", mixed))
+                                if (note := instrument.ir_version_note(m))])
     if deployed:
         result.outputs, result.deployed, runs = judged_as_deployed(
             outputs, mixed, mixed_dir, provider, data, expected, tolerance.resolved(low), tolerances,
