@@ -131,3 +131,61 @@ def test_train_user_errors_are_one_line_and_write_nothing(files, capsys, case, m
     assert code == 2, err
     assert err.count("\n") == 0 and message in err, err
     assert not (folder / "t.onnx").exists() and not (folder / "t.mixed.onnx").exists()
+
+
+def _retyped(model: onnx.ModelProto, elem_type: int) -> onnx.ModelProto:
+    """``model`` with its float32 weights, inputs and outputs in ``elem_type``."""
+    for tensor in model.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(
+            helper.tensor_dtype_to_np_dtype(elem_type)), tensor.name))
+    for info in (*model.graph.input, *model.graph.output):
+        info.type.tensor_type.elem_type = elem_type
+    return model
+
+
+def _summed(folder):
+    """logits = Gemm(x + z): x and z share the dimension name S, which data may not honour."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "z"], ["s"]), helper.make_node("Gemm", ["s", "w"], ["logits"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "S"]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", "S"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    path = folder / "summed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("scalar array", "bad.npz: x is a scalar; every array's axis 0 is the sample axis"),
+    ("float64 model", "--output 'logits' is float64: training steps are built for float32 models"),
+    ("data the model cannot run", "onnxruntime cannot run the training step on CPUExecutionProvider"),
+])
+def test_train_refuses_what_it_cannot_take_in_one_line(files, capsys, case, message):
+    """Each of these ended in an internal error on a real model (a scalar flag input, a
+    scikit-learn regressor in float64, data whose extents a shared dimension name forbids)."""
+    folder, path, data = files
+    bad = folder / "bad.npz"
+    labels = np.load(data)["labels"]
+    if case == "scalar array":
+        np.savez(bad, x=np.array(1.0, np.float32), labels=labels)
+    elif case == "float64 model":
+        onnx.save(_retyped(onnx.load(path), TensorProto.DOUBLE), path)
+        np.savez(bad, x=np.load(data)["x"].astype(np.float64), labels=labels)
+    else:
+        path = _summed(folder)
+        np.savez(bad, x=np.ones((40, 4), np.float32), z=np.ones((40, 5), np.float32), labels=labels)
+    assert main(_train_args(path, bad, folder / "t.onnx", "--precision", "float32")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err, err
+    assert not (folder / "t.onnx").exists()
+
+
+def test_a_model_with_an_output_named_loss_gets_its_standard_loss_under_another_name(files):
+    folder, path, data = files
+    model = onnx.load(path)
+    model.graph.node.append(helper.make_node("ReduceMean", ["logits"], ["loss"], keepdims=0))
+    model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    onnx.save(model, path)
+    assert main(_train_args(path, data, folder / "t.onnx", "--epochs", "1")) == 0
+    assert [o.name for o in onnx.load(folder / "t.onnx").graph.output] == [o.name for o in model.graph.output]

@@ -452,16 +452,18 @@ def runnable(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @contextlib.contextmanager
-def refusals(what: str, provider: str) -> Iterator[None]:
+def refusals(what: str, provider: str, raised_as: tuple[type[Exception], ...] = ()) -> Iterator[None]:
     """ONNX Runtime's own errors in the block (it refuses the model, or a run fails) as one
     ``UserError`` naming ``what``: a model ONNX Runtime cannot run is the user's to hear of,
-    in one line; any other exception is left as it is."""
+    in one line; any other exception is left as it is. ``raised_as``: exception classes that
+    only ONNX Runtime raises in the block (``run_with_iobinding`` raises a run's failure as a
+    plain RuntimeError)."""
     try:
         yield
     except UserError:
         raise
     except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):
+        if not type(exc).__module__.startswith("onnxruntime") and not isinstance(exc, raised_as):
             raise
         said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise UserError(f"onnxruntime cannot run {what} on {provider}: {said}") from None

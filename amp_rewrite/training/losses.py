@@ -57,12 +57,15 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
     value = index.values[(0, output)]
     if value.elem_type not in FLOAT_TYPES:
         raise UserError(f"--output {output!r} is not a float tensor: a {kind} loss needs one")
+    if value.elem_type != TensorProto.FLOAT:
+        raise UserError(f"--output {output!r} is {helper.tensor_dtype_to_np_dtype(value.elem_type)}: training "
+                        f"steps are built for float32 models (their weights train in float32)")
     taken = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {n for x in graph.node
                                                                                      for n in x.output}
-    for name in (labels, LOSS_NAME):
-        if name in taken:
-            raise UserError(f"the model already has a value named {name!r}; choose another --labels name"
-                            if name == labels else f"the model already has a value named {name!r}")
+    if labels in taken:
+        raise UserError(f"the model already has a value named {labels!r}; choose another --labels name")
+    loss_name = next(name for name in (LOSS_NAME, *(f"{LOSS_NAME}_{i}" for i in range(1, len(taken) + 2)))
+                     if name not in taken)
     shape = [d.dim_param or d.dim_value or None for d in outputs[output].type.tensor_type.shape.dim]
     b = GraphBuilder.for_index(index)
     b.types[labels] = TensorProto.INT64 if kind == "cross-entropy" else value.elem_type
@@ -81,16 +84,16 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
         else:
             log_probs = b.op("LogSoftmax", output, axis=1)
         picked = b.op("GatherElements", log_probs, b.axes_op("Unsqueeze", labels, [1]), axis=1)
-        b.op("Neg", b.axes_op("ReduceMean", picked, None, keepdims=0), outputs=[LOSS_NAME])
+        b.op("Neg", b.axes_op("ReduceMean", picked, None, keepdims=0), outputs=[loss_name])
         labels_shape = [shape[0], *shape[2:]]
     else:
         error = b.op("Sub", output, labels)
-        b.axes_op("ReduceMean", b.op("Mul", error, error), None, keepdims=0, outputs=[LOSS_NAME])
+        b.axes_op("ReduceMean", b.op("Mul", error, error), None, keepdims=0, outputs=[loss_name])
         labels_shape = shape
     graph.node.extend(b.nodes)
     graph.input.append(helper.make_tensor_value_info(labels, b.types[labels], labels_shape))
-    graph.output.append(helper.make_tensor_value_info(LOSS_NAME, value.elem_type, []))
-    return AttachedLoss(LOSS_NAME, labels, b.types[labels], output)
+    graph.output.append(helper.make_tensor_value_info(loss_name, value.elem_type, []))
+    return AttachedLoss(loss_name, labels, b.types[labels], output)
 
 
 def _softmax_behind(index, value) -> list:

@@ -67,6 +67,7 @@ class Trainer:
         self.step_graph = step
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
+        self.provider = provider
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
         provider_options = {**PROVIDER_DEFAULTS.get(provider, {}), **(provider_options or {})}
         self.device_id = int(provider_options.get("device_id", 0))
@@ -108,7 +109,8 @@ class Trainer:
             binding.bind_ortvalue_output(carried.output, following[carried.input])
         for name in (self.spec.loss, self.spec.skipped):
             binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
+        with instrument.refusals("the training step", self.provider, raised_as=(RuntimeError,)):
+            self.session.run_with_iobinding(binding)
         loss, skipped = (value.numpy() for value in binding.get_outputs()[-2:])  # bound last
         self._buffers = [following, current]
         self.steps += 1
@@ -182,7 +184,8 @@ class Trainer:
         classes = self.spec.labels is not None and data[self.spec.labels].dtype.kind in "iu"
         for start in range(0, count, batch_size):
             feeds = {name: data[name][start:start + batch_size] for name in inputs}
-            loss, *outputs = session.run(names, feeds)
+            with instrument.refusals("the model", "CPUExecutionProvider"):
+                loss, *outputs = session.run(names, feeds)
             rows = len(feeds[inputs[0]])
             total += float(loss) * rows
             if classes and outputs and outputs[0].ndim == 2:
@@ -222,6 +225,10 @@ def sample_count(data: Mapping[str, np.ndarray], names, origin: str = "the data"
     missing = [n for n in names if n not in data]
     if missing:
         raise UserError(f"{origin} has no array for {', '.join(missing)} (it has {', '.join(data) or 'none'})")
+    scalars = [n for n in names if np.ndim(data[n]) == 0]
+    if scalars:
+        raise UserError(f"{origin}: {', '.join(scalars)} {'is a scalar' if len(scalars) == 1 else 'are scalars'}; "
+                        f"every array's axis 0 is the sample axis (give one value per sample)")
     lengths = {n: len(data[n]) for n in names}
     if len(set(lengths.values())) != 1:
         raise UserError(f"{origin}: the arrays disagree in length: " +
