@@ -54,6 +54,9 @@ after a run failed inside the model
 (``failed_inside``): ONNX Runtime names the node that refused its operand (a reflect Pad wider
 than its axis, a window longer than the sequence), not the input extent that would do."""
 LONGER_ORIGIN = "a longer extent after a run failed inside the model"
+LONGER_ELEMENTS = 1 << 20
+"""The most elements one sample of a LONGER_DIMS set may hold: a sequence of 8192 steps is one
+thing, a 1024x1024 image through a network whose every value the range check keeps is another."""
 SET_BYTES = 256 << 20
 """The most bytes one candidate set of generated samples may hold: a set past it is passed over
 (an implied extent can be absurd: a batch bound to 10^9 through a Reshape's constant)."""
@@ -246,6 +249,9 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
                 for d, extent in extents.items()}
         description = "; ".join(filter(None, [", ".join(f"{d}={extent}{said[d]}" for d, extent in extents.items()),
                                               *failed[:1]]))
+        longer = any(pin.origin == LONGER_ORIGIN for pin in pins.values())
+        if longer and sum(math.prod(shape) for shape in plan.values()) > LONGER_ELEMENTS:
+            continue
         size_bytes = count * sum(math.prod(shape) * dtypes[name].itemsize for name, shape in plan.items())
         if size_bytes > SET_BYTES:
             too_large.append(f"{size_bytes / 2**30:.3g} GiB for {description}")
@@ -254,7 +260,6 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         # every input drawn, so that each keeps the draws it had before steering inputs were made
         drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
                  for _ in range(count)]
-        longer = any(pin.origin == LONGER_ORIGIN for pin in pins.values())
         yield Attempt(description, [{**sample, **steering} for sample in drawn], longer)
     if len(too_large) == len(tried):
         raise UserError(f"generated inputs would exceed {SET_BYTES / 2**20:.3g} MiB a set ({too_large[0]}); "
