@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir import io
+from amp_rewrite.ir import declarations, io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
 from amp_rewrite.ir.functions import inlined
 from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ValueKey, names_read
@@ -77,10 +77,11 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
 
 
 def differentiable(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` at opset MIN_OPSET or later (an upgraded copy where it is older), with the calls
-    of its own functions inlined (a copy; rules are for ONNX's ops, and ONNX Runtime inlines
-    the functions anyway)."""
-    proto = ensure_opset(proto, MIN_OPSET)
+    """``proto`` at opset MIN_OPSET or later (an upgraded copy where it is older), without the
+    declared shapes that onnx's inference contradicts (a copy: rules read declared ranks), with
+    the calls of its own functions inlined (a copy; rules are for ONNX's ops, and ONNX Runtime
+    inlines the functions anyway)."""
+    proto = declarations.truthful(ensure_opset(proto, MIN_OPSET))
     if not proto.functions:
         return proto
     try:
