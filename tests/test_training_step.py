@@ -282,3 +282,38 @@ def test_cross_entropy_on_an_old_softmax_is_the_log_of_its_probabilities():
     assert Trainer(step, lr=0.0).step(batch).loss == pytest.approx(want, rel=1e-5)
     with pytest.raises(UserError, match="opset 13 or later; the model is at opset 12"):
         attach_loss(model, "cross-entropy", "probs", "labels")
+
+
+def _loud_mlp() -> onnx.ModelProto:
+    """The MLP with a first layer of weights 3000: on generated inputs (standard normal) its
+    products reach about 10^4, beyond float16's 65504 / 16; on inputs of magnitude 1e-3, 10."""
+    model = _mlp()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((4, 8), 3000.0, np.float32), "w1"))
+    return model
+
+
+def test_the_steps_range_check_runs_on_the_training_data_first() -> None:
+    """The step's range check ran on generated inputs although the training data was at hand,
+    and a model that did not run on the first generated set stopped the step."""
+    data = {"x": np.full((6, 4), 1e-3, np.float32), "labels": np.zeros(6, np.int64)}
+    on_data = build(_loud_mlp(), loss="cross-entropy", output="logits", range_data=[data]).report
+    generated = build(_loud_mlp(), loss="cross-entropy", output="logits").report
+    assert on_data.range_check.startswith("measured") and generated.range_check.startswith("measured")
+    def first_layer(report) -> str:
+        return next(d.precision for d in report.decisions if d.node == "Gemm#0")
+
+    assert first_layer(generated) == "fp32" and first_layer(on_data) != "fp32"
+    unfit = {"x": np.ones((6, 5), np.float32), "labels": np.zeros(6, np.int64)}  # not the model's shape: generated
+    assert first_layer(build(_loud_mlp(), loss="cross-entropy", output="logits", range_data=[unfit]).report) == "fp32"
+
+
+def test_a_step_whose_model_runs_on_no_generated_set_is_built_with_a_warning(monkeypatch) -> None:
+    from amp_rewrite.runtime import stages
+
+    def refuse(*args):
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : no")
+
+    monkeypatch.setattr(stages, "measure", refuse)
+    report = build(_mlp(), loss="cross-entropy", output="logits").report
+    assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model on generated inputs")
+    assert any(n.startswith("warning: NO RANGE WAS MEASURED") for n in report.notes)

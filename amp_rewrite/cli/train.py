@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     provider_options = _key_values(args.provider_options, "--provider-option")
     train = read_npz(args.data)
     evaluation = read_npz(args.eval) if args.eval else None
-    step = build_step(args)
+    step = build_step(args, [{name: array[:args.batch_size] for name, array in train.items() if np.ndim(array)}])
     train = _checked(step, train, args.data)
     evaluation = _checked(step, evaluation, args.eval) if evaluation is not None else None
     trainer = Trainer(step, provider=args.train_provider, lr=args.lr, weight_decay=args.weight_decay,
@@ -87,8 +87,8 @@ def _checked(step, data: dict[str, np.ndarray], origin: str) -> dict[str, np.nda
         declared = [d.dim_value if d.HasField("dim_value") else None for d in inputs[name].shape.dim]
         shape = data[name].shape
         if len(shape) != len(declared) or any(d is not None and d != s for d, s in zip(declared[1:], shape[1:])):
-            raise UserError(f"{origin}: array {name!r} has shape {list(shape)}; the model expects "
-                            f"{['N' if d is None else d for d in declared]}")
+            expected = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in inputs[name].shape.dim]
+            raise UserError(f"{origin}: array {name!r} has shape {list(shape)}; the model expects {expected}")
         result[name] = data[name].astype(helper.tensor_dtype_to_np_dtype(inputs[name].elem_type), copy=False)
     labels = result.get(spec.labels) if spec.labels else None
     if labels is not None and labels.dtype.kind in "iu":

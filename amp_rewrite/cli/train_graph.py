@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options, training_arguments
 from amp_rewrite.ir import io
@@ -18,13 +19,18 @@ def add_parser(commands) -> None:
     coloring_arguments(parser, float32=True)
 
 
-def build_step(args: argparse.Namespace):
-    """The training step the flags describe (shared with ``train``)."""
+def build_step(args: argparse.Namespace, range_data=()):
+    """The training step the flags describe (shared with ``train``, whose training data its
+    range check runs on: ``range_data``); its warnings on stderr."""
     from amp_rewrite.training import build  # the training layers: only for this command
 
-    return build(args.input, loss=args.loss, params=args.param, optimizer_spec=args.optimizer,
+    step = build(args.input, loss=args.loss, params=args.param, optimizer_spec=args.optimizer,
                  precision=args.precision, loss_scale=args.loss_scale, options=convert_options(args),
-                 output=args.output, labels=args.labels, batchnorm=args.batchnorm)
+                 output=args.output, labels=args.labels, batchnorm=args.batchnorm, range_data=range_data)
+    for note in step.report.notes if step.report else ():
+        if note.startswith("warning:"):
+            print(f"amp-rewrite: {note}", file=sys.stderr)
+    return step
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,8 +13,10 @@ values) and backs the scale off.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import samples
@@ -102,7 +105,7 @@ class TrainingStep:
 def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
           precision: str = "float16", loss_scale: str | float | LossScale | None = None,
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
-          batchnorm: str = "train") -> TrainingStep:
+          batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = ()) -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
@@ -110,7 +113,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     ``precision`` overrides theirs ("float32": no rewrite). ``loss_scale``: "dynamic" (default
     for float16), "none" (default otherwise), a number (static), or a :class:`LossScale`. ``batchnorm``: "train" (batch
     statistics; running statistics updated and carried) or "freeze" (running statistics
-    used as they are). Dropout is active in the step."""
+    used as they are). Dropout is active in the step. ``range_data``: samples of the data
+    inputs and labels (the training data) for the rewrite's range check, which otherwise runs
+    on generated inputs."""
     if batchnorm not in ("train", "freeze"):
         raise UserError(f"batchnorm must be train or freeze, got {batchnorm!r}")
     if precision not in PRECISIONS:
@@ -139,13 +144,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     report = None
     if precision != "float32":
         settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True)
-        if settings.range_check != "off" and not settings.calibrate:
-            # The range check must see the real weights, which are inputs now.
-            sample = {**samples.generate(proto, 1, None, settings.seed)[0], **initial}
-            if labels_name is not None and sample[labels_name].dtype.kind == "i":
-                sample[labels_name] = np.zeros_like(sample[labels_name])  # class 0 exists in every model
-            settings = replace(settings, calibrate=[sample], range_check="off")
-        analysis, stats = rewrite(proto, settings.validated(), None)
+        analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
     step = _assemble(proto, loss, names, initial, opt, scaling, running)
@@ -154,6 +153,39 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling))
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
+
+
+def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[str, np.ndarray], labels: str | None,
+               given: Sequence[Mapping[str, np.ndarray]]):
+    """The forward's mixed-precision rewrite (in place), its range check measured with the real
+    weights (inputs of the step now) on ``given`` samples (the training data) first, then on each
+    set of generated inputs in turn (``samples.attempts``) until the model runs on one; where it
+    runs on none, NOT RUN with the warning ``convert`` gives."""
+    if settings.range_check == "off" or settings.calibrate:
+        return rewrite(proto, settings.validated(), None)
+    names = set(samples.graph_inputs(proto))
+    generated = ((attempt.samples, _GENERATED) for attempt in samples.attempts(proto, None, settings.seed))
+    refused = None
+    for data, said in itertools.chain([(list(given), "the training data")] if given else [], generated):
+        measured = [{**{k: v for k, v in sample.items() if k in names}, **initial} for sample in data]
+        if said == _GENERATED and labels is not None and measured[0][labels].dtype.kind == "i":
+            measured[0][labels] = np.zeros_like(measured[0][labels])  # class 0 exists in every model
+        try:
+            return rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated(), None)
+        except UserError as exc:  # the model did not run on these (or they do not fit it): the next set may do
+            if not str(exc).startswith(RANGE_CHECK_FAILED):
+                raise
+            refused = refused or str(exc).removeprefix(RANGE_CHECK_FAILED).replace(CALIBRATION_DATA, said, 1)
+    analysis, stats = rewrite(proto, replace(settings, range_check="off").validated(), None)
+    analysis.range_check = f"NOT RUN: {refused}"
+    analysis.notes.append(f"warning: NO RANGE WAS MEASURED: {refused}; the training step's values were not checked "
+                          f"for overflow in {settings.validated().precision.value}")
+    return analysis, stats
+
+
+_GENERATED = "generated inputs"
+RANGE_CHECK_FAILED = "range check: "
+"""How a range check's failure to run the model begins (``MeasureRanges``)."""
 
 
 def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarray]:

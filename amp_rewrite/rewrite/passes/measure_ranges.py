@@ -306,9 +306,12 @@ def _zero_singular_reader(analysis: Analysis, value: Value) -> str | None:
     return None
 
 
+CALIBRATION_DATA = "calibration data"
+
+
 def _source(analysis: Analysis, calibrated: bool) -> str:
     if calibrated:
-        return "calibration data"
+        return CALIBRATION_DATA
     return "the given inputs" if analysis.options.inputs else _GENERATED
 
 
