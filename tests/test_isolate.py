@@ -210,3 +210,21 @@ def test_a_range_check_that_deadlocks_is_measured_again(monkeypatch, tmp_path) -
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured"), report.range_check
     assert colors(out)["allow1"] == "fp32"  # 3000 x 4 x |x| is beyond 65504 / 16
+
+
+@pytest.mark.parametrize("raw, said", [
+    ("[ONNXRuntimeError] : 1 : FAIL : /onnxruntime_src/onnxruntime/core/graph/model.cc:256 onnxruntime::Model::Model("
+     "onnx::ModelProto&&, const onnxruntime::PathString&, const onnxruntime::ModelOptions&) Unsupported model IR "
+     "version: 14, max supported IR version: 13",
+     "[ONNXRuntimeError] : 1 : FAIL : Unsupported model IR version: 14, max supported IR version: 13"),
+    ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. Name:'r' Status "
+     "Message: /onnxruntime_src/onnxruntime/core/providers/cpu/tensor/reshape_helper.h:91 onnxruntime::ReshapeHelper"
+     "::ReshapeHelper(const onnxruntime::TensorShape&, onnxruntime::TensorShapeVector&, bool) input_shape_size == "
+     "requested_shape_size was false.\nsecond line",
+     "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Reshape node. Name:'r' Status "
+     "Message: input_shape_size == requested_shape_size was false."),
+    ("no signature here (a parenthesis)", "no signature here (a parenthesis)"),
+])
+def test_onnxruntimes_errors_are_read_past_its_source_locations_and_signatures(raw, said) -> None:
+    """The reason came after 200 characters of file name and C++ signature, and was cut off."""
+    assert instrument.first_line(RuntimeError(raw)) == said

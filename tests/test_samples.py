@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amp_rewrite
 from amp_rewrite import UserError, convert
+from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.runtime import samples
 from models import builders
 from tests.helpers import colors, model, rng, run
@@ -1110,6 +1111,27 @@ def test_indices_stay_below_the_extent_of_the_axis_they_index() -> None:
     first = samples.generate(m)[0]
     assert first["i"].max() == 2 and first["j"].max() == 1
     assert convert(m, provider=None)[1].range_check.startswith("measured")
+
+
+def test_ids_of_onnxruntimes_fused_embedding_stay_below_their_tables() -> None:
+    """ONNX Runtime's EmbedLayerNormalization (an ORT-optimized BERT) reads word, segment and
+    position ids: drawn below 4 whatever the tables held, the segment ids of a 2-row table ran
+    out of range ("input index out of range": check refused the model)."""
+    tables = {"words": (30, 8), "positions": (16, 8), "segments": (2, 8)}
+    inits = [numpy_helper.from_array(rng(1).normal(0, 1, shape).astype(np.float32), name)
+             for name, shape in tables.items()]
+    inits += [numpy_helper.from_array(np.ones(8, np.float32), "gamma"),
+              numpy_helper.from_array(np.zeros(8, np.float32), "beta")]
+    node = helper.make_node("EmbedLayerNormalization", ["ids", "segment_ids", "words", "positions", "segments",
+                                                       "gamma", "beta"], ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", "seq"])
+                                            for n in ("ids", "segment_ids")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                          ir_version=8)
+    drawn = samples.generate(m, 4)
+    assert max(s["segment_ids"].max() for s in drawn) == 1 and 3 < max(s["ids"].max() for s in drawn) < 30
+    assert samples.integer_ranges(ModelIndex(m)) == {"ids": 30, "segment_ids": 2}
 
 
 def test_what_follows_a_loop_is_inferred_again_from_its_carried_shape() -> None:

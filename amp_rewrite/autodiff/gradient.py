@@ -107,7 +107,8 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     engine = Backward(index)
     shape = engine.shapes.get(loss_key)
     if shape is not None and not all(d == 1 for d in shape):
-        raise UserError(f"loss {loss!r} must be a scalar (one element); its shape is {list(shape)}")
+        shown = ", ".join("?" if d is None else str(d) for d in shape)
+        raise UserError(f"loss {loss!r} must be a scalar (one element); its shape is [{shown}]")
     targets = _targets(index, engine, loss_key, wrt)
     needed = engine.check(0, [loss_key], targets)
     unreached = [key[1] for key in targets if key not in needed]
@@ -143,7 +144,8 @@ def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | N
         _, _, needed = engine.plan(0, [loss_key], candidates)
         found = [k for k in candidates if k in needed]
         if not found:
-            raise UserError(f"the loss {loss_key[1]!r} depends on no float initializer: nothing to differentiate")
+            raise UserError(f"the loss {loss_key[1]!r} depends on no float initializer: nothing to differentiate "
+                            f"(weights held in Constant nodes or in op attributes are not trained)")
         return found
     targets = []
     for name in dict.fromkeys(wrt):

@@ -32,7 +32,6 @@ from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
 from amp_rewrite.runtime.samples import Sample
-from amp_rewrite.runtime.timing import first_line
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
 
@@ -255,9 +254,10 @@ def judged_as_deployed(outputs: list[OutputCheck], mixed: onnx.ModelProto, base_
     except NativeFailure as exc:
         return outputs, f"did not run: {exc}", 0
     except Exception as exc:  # ONNX Runtime's error, whatever its class: the finding is that it refused
-        if NO_KERNEL in str(exc):  # a bfloat16 MatMul on the CPU provider: the provider's lack, not the model's
-            return outputs, f"did not run: {provider} has no kernel for one of its ops ({first_line(exc)})", 0
-        refused = f"refused: ONNX Runtime at its default optimizations: {str(exc).splitlines()[0][:300]}"
+        said = instrument.first_line(exc)
+        if NO_KERNEL in said:  # a bfloat16 MatMul on the CPU provider: the provider's lack, not the model's
+            return outputs, f"did not run: {provider} has no kernel for one of its ops ({said})", 0
+        refused = f"refused: ONNX Runtime at its default optimizations: {said}"
         return [replace(o, passed=False, run=DEPLOYED) for o in outputs], refused, 0
     names, runs = [o.name for o in outputs], len(data)
     judged = [replace(d, run=DEPLOYED) for d in compare_outputs(expected, as_deployed, names, tolerance, tolerances)]

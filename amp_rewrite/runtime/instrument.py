@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -465,8 +466,35 @@ def refusals(what: str, provider: str, raised_as: tuple[type[Exception], ...] = 
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime") and not isinstance(exc, raised_as):
             raise
-        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise UserError(f"onnxruntime cannot run {what} on {provider}: {said}") from None
+        raise UserError(f"onnxruntime cannot run {what} on {provider}: {first_line(exc)}") from None
+
+
+_SOURCE_LOCATION = re.compile(r"/onnxruntime_src/\S+:\d+ ")
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An error's first line (its type's name when it has no text), at most ``limit`` characters,
+    less what ONNX Runtime writes before its reason: the source file and line, and the C++
+    function's signature (``onnxruntime::Model::Model(onnx::ModelProto&&, ...)``), which filled
+    a line before "Unsupported model IR version" could be read."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    while (found := _SOURCE_LOCATION.search(text)) is not None:
+        text = text[:found.start()] + _past_signature(text[found.end():])
+    return text[:limit]
+
+
+def _past_signature(text: str) -> str:
+    """``text`` past the C++ signature it starts with (a qualified name, its parenthesized
+    parameters, ``const``), or as it is where it starts with none."""
+    opening = text.find("(")
+    if opening < 0 or "::" not in text[:opening]:
+        return text
+    depth = 0
+    for position in range(opening, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[position], 0)
+        if depth == 0:
+            return text[position + 1:].removeprefix(" const").lstrip()
+    return text
 
 
 def run(sess, feeds: Mapping[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:

@@ -65,10 +65,22 @@ IMPLIED_FAILED = "the extents the graph implies could not be read"
 INTEGER_HIGH = 4
 """Integer inputs that index nothing known are drawn from [0, INTEGER_HIGH)."""
 MASK_NAME = re.compile(r"mask", re.IGNORECASE)
-# Inputs of these ops index the op's data input along the axis its attribute names (default 0),
-# or (None) along its leading axes, as many as the indices' last extent: below each of them.
-_INDEXING = {("Gather", 1): "axis", ("GatherElements", 1): "axis", ("ScatterElements", 1): "axis",
-             ("Scatter", 1): "axis", ("GatherND", 1): None, ("ScatterND", 1): None}
+
+class _Indexes(NamedTuple):
+    """An op input that indexes another (its ``data`` input): along the axis the attribute of
+    that name gives (default 0), along a fixed axis (an int), or (None) along its leading axes,
+    as many as the indices' last extent. Integer inputs drawn for it stay below that extent."""
+
+    data: int
+    axis: str | int | None
+
+
+_INDEXING = {("Gather", 1): _Indexes(0, "axis"), ("GatherElements", 1): _Indexes(0, "axis"),
+             ("ScatterElements", 1): _Indexes(0, "axis"), ("Scatter", 1): _Indexes(0, "axis"),
+             ("GatherND", 1): _Indexes(0, None), ("ScatterND", 1): _Indexes(0, None),
+             # ONNX Runtime's fused BERT embedding: word, segment and position ids index their tables
+             ("EmbedLayerNormalization", 0): _Indexes(2, 0), ("EmbedLayerNormalization", 1): _Indexes(4, 0),
+             ("EmbedLayerNormalization", 8): _Indexes(3, 0)}
 # Integer inputs reach an indexing op through these type-preserving ops.
 _PASS_THROUGH = frozenset({"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand",
                            "Transpose"})
@@ -385,9 +397,10 @@ def integer_ranges(index: ModelIndex) -> dict[str, int]:
             current = frontier.pop()
             for node_id, slot in current.uses:
                 node = index.nodes[node_id]
-                indexes = (node.op_type, slot) in _INDEXING and node.inputs[0]
-                shape = _known_shape(index, index.values[node.inputs[0]]) if indexes else None
-                high = _indexed_extent(node, shape) if shape else None
+                indexing = _INDEXING.get((node.op_type, slot))
+                data = node.inputs[indexing.data] if indexing and indexing.data < len(node.inputs) else None
+                shape = _known_shape(index, index.values[data]) if data else None
+                high = _indexed_extent(node, indexing, shape) if shape else None
                 if high is not None:
                     highs[name] = min(highs.get(name, high), high)
                 elif node.op_type in _PASS_THROUGH and slot == 0 and node.outputs[0] not in seen:
@@ -405,13 +418,13 @@ def _known_shape(index: ModelIndex, value: Value) -> tuple | None:
     return value.shape
 
 
-def _indexed_extent(node: Node, shape: tuple) -> int | None:
+def _indexed_extent(node: Node, indexing: _Indexes, shape: tuple) -> int | None:
     """The extent that an indexing node's indices stay below, for data of ``shape``."""
-    attribute = _INDEXING[node.op_type, 1]
-    if attribute is None:
+    if indexing.axis is None:
         extents = [d for d in shape if isinstance(d, int)]
         return min(extents) if len(extents) == len(shape) and min(extents) > 0 else None
-    axis = next((a.i for a in node.proto.attribute if a.name == attribute), 0)
+    axis = indexing.axis if isinstance(indexing.axis, int) else next(
+        (a.i for a in node.proto.attribute if a.name == indexing.axis), 0)
     extent = shape[axis] if -len(shape) <= axis < len(shape) else None
     return extent if isinstance(extent, int) and extent > 0 else None
 

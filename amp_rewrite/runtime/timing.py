@@ -109,7 +109,7 @@ def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: 
             try:
                 session, bound, memory = _start(entry, provider, device, warmup)
             except Exception as exc:  # a model ONNX Runtime refuses spoils no other
-                found.append(first_line(exc))
+                found.append(instrument.first_line(exc, limit=1000))
                 continue
             live[position] = (session, bound)
             found.append(Timing([], _binding_text(provider, device), host_side_profile=provider in ASYNCHRONOUS,
@@ -154,11 +154,6 @@ def _profile(entry: Timed, provider: str, device: str, runs: int) -> list[NodeTi
             session.run_with_iobinding(bound[run % len(bound)])
         with open(session.end_profiling()) as events:
             return node_times(json.load(events), skip=1)  # the first run allocates: not a steady-state time
-
-
-def first_line(exc: BaseException) -> str:
-    """An error's first line (its type's name when it has no text)."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _bind(session, sample: Sample, device: str, device_id: int):

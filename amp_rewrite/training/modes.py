@@ -47,8 +47,11 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
             continue
         x, scale, bias, mean, var = proto_node.input[:5]
         if mean not in tensors or var not in tensors:
-            raise UserError(f"BatchNormalization {node.label!r}: its running statistics are not initializers, "
-                            "so they cannot be trained; pass batchnorm='freeze'")
+            via = {n.proto.op_type for n in (index.producer_node(index.values[node.inputs[i]]) for i in (3, 4))
+                   if n is not None}
+            raise UserError(f"BatchNormalization {node.label!r}: its running statistics are not initializers "
+                            f"(computed by {', '.join(sorted(via)) or 'graph inputs'}), so they cannot be updated; "
+                            f"train with them frozen: --batchnorm freeze (batchnorm='freeze')")
         shape = sizes.shape(index.values[node.inputs[0]])
         if shape is None:
             raise UserError(f"BatchNormalization {node.label!r}: the rank of its input is unknown")

@@ -18,7 +18,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.runtime import instrument, isolate
-from amp_rewrite.runtime.isolate import Hung
+from amp_rewrite.runtime.isolate import Hung, NativeFailure
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -91,7 +91,9 @@ class MeasureRanges:
             try:
                 measured = _measure(analysis, watched, sources)
             except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
-                why = f"onnxruntime could not run the model on {source} ({_first_line(exc)})"
+                said = instrument.first_line(exc, limit=200)
+                why = (str(exc) if isinstance(exc, UserError) and not isinstance(exc, NativeFailure)  # data not made
+                       else f"onnxruntime could not run the model on {source} ({said})")
                 if source != _GENERATED or options.shapes or options.range_check == "on":
                     raise UserError(f"range check: {why}") from None
                 self._not_measured(analysis, watched, why)
@@ -313,8 +315,3 @@ def _source(analysis: Analysis, calibrated: bool) -> str:
     if calibrated:
         return CALIBRATION_DATA
     return "the given inputs" if analysis.options.inputs else _GENERATED
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
