@@ -1545,3 +1545,21 @@ def test_an_absurd_implied_extent_is_passed_over_within_the_memory_budget(monkey
     monkeypatch.setattr(samples, "SET_BYTES", 8)
     with pytest.raises(UserError, match=r"^generated inputs would exceed 7.63e-06 MiB a set \(.* GiB for batch="):
         samples.generate(m)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_convs_input_has_its_weights_channels_times_its_groups(group) -> None:
+    """Rule: an image declared [0, 0, 0, 0] (every extent dynamic) took one channel, and the Conv
+    of a weight [6, 3 / group, 3, 3] refused it ("Input channels C is not equal to kernel
+    channels * group"): the range check was NOT RUN and check refused the model."""
+    weight = rng(1).normal(0, 1, (6, 3 // group, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], group=group)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 0, 0, 0])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 6, 0, 0])],
+                              [numpy_helper.from_array(weight, "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    first = next(samples.attempts(m))
+    assert first.samples[0]["x"].shape[1] == 3 and "x[1]=3 (from Conv" in first.description
+    out, report = convert(m, provider=None)
+    assert report.range_check.startswith("measured")
+    assert amp_rewrite.check(m, out, random=2)

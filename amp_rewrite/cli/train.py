@@ -84,7 +84,8 @@ def _checked(step, data: dict[str, np.ndarray], origin: str) -> dict[str, np.nda
     inputs = {i.name: i.type.tensor_type for i in step.model.graph.input}
     result = {}
     for name in spec.data:
-        declared = [d.dim_value if d.HasField("dim_value") else None for d in inputs[name].shape.dim]
+        declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None  # 0: dynamic
+                    for d in inputs[name].shape.dim]
         shape = data[name].shape
         if len(shape) != len(declared) or any(d is not None and d != s for d, s in zip(declared[1:], shape[1:])):
             expected = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in inputs[name].shape.dim]

@@ -900,7 +900,8 @@ def _window(rules: _Rules, node: Node) -> None:
     window past the input, which ONNX Runtime would drop: not followed otherwise), or
     ``in / stride`` rounded up for auto_pad SAME; it must be at least ``dilation x (kernel -
     1) + 1 - pads`` (what a guess gives the name at least). The batch is the input's, the
-    channels the weight's first extent (Conv) or the input's."""
+    channels the weight's first extent (Conv) or the input's; a Conv's input has its weight's
+    second extent times ``group`` channels."""
     data = rules.shape(node.inputs[0])
     if data is None or len(data) < 3:
         return
@@ -917,6 +918,9 @@ def _window(rules: _Rules, node: Node) -> None:
     ceil_mode = "ceil_mode" in attrs and attrs["ceil_mode"].i
     if not len(strides) == len(dilations) == spatial or len(pads) != 2 * spatial:
         return
+    group = attrs["group"].i if "group" in attrs else 1
+    if weight and len(weight) > 1 and isinstance(weight[1], int):  # the input's channels: the weight's times groups
+        rules.agree([(data[1], weight[1] * group)], f"Conv {node.label!r}")
     dims: list[Dim] = [data[0], (weight[0] if weight else None) if node.op_type == "Conv" else data[1]]
     for axis, (dim, k, stride, dilation) in enumerate(zip(data[2:], kernel, strides, dilations)):
         if auto_pad.startswith("SAME"):
