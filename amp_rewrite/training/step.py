@@ -77,6 +77,10 @@ class StepSpec:
     precision: str
     optimizer: str
     loss_scale: dict = field(default_factory=dict)
+    loss_kind: str | None = None
+    """The standard loss attached ("cross-entropy", "mse"), None where the model's own output is the loss."""
+    loss_output: str | None = None
+    """The model output a standard loss applies to."""
 
     @property
     def params(self) -> list[Carried]:
@@ -128,11 +132,11 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     proto = differentiable(proto)
-    labels_name = None
+    labels_name = kind = None
     if loss in ("cross-entropy", "mse"):
         if output is None:
             raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
-        attached = attach_loss(proto, loss, output, labels)
+        kind, attached = loss, attach_loss(proto, loss, output, labels)
         loss, labels_name = attached.loss, attached.labels
     forward = onnx.ModelProto()
     forward.CopyFrom(proto)
@@ -151,7 +155,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
-                    loss_scale=asdict(scaling))
+                    loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
 
 

@@ -25,6 +25,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
+from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.step import TrainingStep
 
 MODEL_STATE = ("param", "running_mean", "running_var")
@@ -171,7 +172,31 @@ class Trainer:
             history.epochs.append(record)
             if progress:
                 print(f"\r{describe(record)}", file=sys.stderr)
+        self.check_loss(data)
         return history
+
+    def check_loss(self, data: Mapping[str, np.ndarray], rows: int = 256) -> None:
+        """That the loss the step reports is the standard loss of the trained model's own output
+        (``losses.reference_loss``, on up to ``rows`` samples of ``data``): a UserError where
+        they disagree. A cross-entropy taken of probabilities as if they were logits falls while
+        the real cross-entropy rises."""
+        spec = self.spec
+        if spec.loss_kind is None:
+            return
+        feeds = {name: data[name][:rows] for name in spec.data}
+        session = instrument.session(self.with_weights(self.step_graph.forward))
+        with instrument.refusals("the model", "CPUExecutionProvider"):
+            (output,) = session.run([spec.loss_output], feeds)
+            found = reference_loss(spec.loss_kind, output, feeds[spec.labels])
+            if found is None:
+                return
+            expected, kept = found
+            (reported,) = session.run([spec.loss], {name: array[kept] for name, array in feeds.items()})
+        if not math.isclose(float(reported), expected, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
+            raise UserError(f"the {spec.loss_kind} loss the step computes ({float(reported):.6g}) is not the "
+                            f"{spec.loss_kind} of {spec.loss_output!r} ({expected:.6g} from its own values): its "
+                            f"values are probabilities written in a way the loss did not recognize; pass the "
+                            f"logits output as --output")
 
     def evaluate(self, data: Mapping[str, np.ndarray], batch_size: int = 256) -> dict[str, float]:
         """Mean loss of the float32 model with the current weights (and accuracy for a
@@ -218,6 +243,11 @@ class Trainer:
         analysis, stats = rewrite(proto, options.validated(), None)
         io.save(proto, path, None)
         return build_report(analysis, stats)
+
+
+LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
+"""How close the step's loss and the loss of the model's own output must be (``check_loss``):
+float32 reductions over a batch, against float64."""
 
 
 def sample_count(data: Mapping[str, np.ndarray], names, origin: str = "the data") -> int:
