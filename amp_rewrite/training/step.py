@@ -36,6 +36,7 @@ from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import samples
+from amp_rewrite.training import constant_weights
 from amp_rewrite.training.losses import attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, optimizer
@@ -131,6 +132,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
     original = onnx.ModelProto()
     original.CopyFrom(proto)
+    constant_weights.lift(proto)
     proto = differentiable(proto)
     labels_name = kind = None
     if loss in ("cross-entropy", "mse"):

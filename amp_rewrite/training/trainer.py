@@ -25,6 +25,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
+from amp_rewrite.training import constant_weights
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.step import TrainingStep
 
@@ -230,6 +231,7 @@ class Trainer:
             if tensor.name in weights:
                 trained = weights[tensor.name].astype(numpy_helper.to_array(tensor).dtype)
                 tensor.CopyFrom(numpy_helper.from_array(trained, tensor.name))
+        constant_weights.written_back(copy, weights)  # weights the model holds in Constant nodes
         return copy
 
     def export(self, path) -> None:

@@ -1,0 +1,76 @@
+"""Weights held in Constant nodes (as paddle2onnx and tf2onnx write them) train as initializers
+do, and the trained model is the input model, same nodes and names, with new weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_rewrite.cli import main
+from amp_rewrite.training import build
+from amp_rewrite.training.trainer import Trainer
+from tests.gradcheck import ort_run
+from tests.helpers import rng
+
+
+def _constant_mlp() -> onnx.ModelProto:
+    """x[N,4] -> MatMul(w1) + b1 -> Relu -> MatMul(w2) -> logits, every weight a Constant node; a
+    scalar Constant (a gain) and an int64 shape Constant stay what they are."""
+    def constant(name, array):
+        return helper.make_node("Constant", [], [name], name=f"{name}_node", value=numpy_helper.from_array(array))
+
+    nodes = [constant("w1", rng(1).normal(0, 0.5, (4, 8)).astype(np.float32)),
+             constant("b1", np.zeros(8, np.float32)),
+             constant("w2", rng(2).normal(0, 0.5, (8, 3)).astype(np.float32)),
+             constant("gain", np.array(1.0, np.float32)), constant("shape", np.array([-1, 3], np.int64)),
+             helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["z"]),
+             helper.make_node("Mul", ["z", "gain"], ["g"]), helper.make_node("Reshape", ["g", "shape"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _data(n: int = 64) -> dict[str, np.ndarray]:
+    x = rng(3).normal(0, 1, (n, 4)).astype(np.float32)
+    return {"x": x, "labels": (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)}
+
+
+def test_constant_node_weights_are_the_parameters() -> None:
+    for precision in ("float32", "float16"):
+        step = build(_constant_mlp(), loss="cross-entropy", output="logits", precision=precision)
+        assert sorted(p.input for p in step.spec.params) == ["b1", "w1", "w2"]
+
+
+def test_trained_weights_go_back_into_their_constant_nodes(tmp_path) -> None:
+    model = _constant_mlp()
+    path, data, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "t.onnx"
+    onnx.save(model, path)
+    np.savez(data, **_data())
+    assert main(["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "logits",
+                 "--epochs", "5", "--lr", "0.05", "-o", str(out), "--quiet"]) == 0
+    trained = onnx.load(out)
+    assert [(n.name, n.op_type, list(n.input), list(n.output)) for n in trained.graph.node] == \
+        [(n.name, n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+    assert not trained.graph.initializer
+    values = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in trained.graph.node if n.op_type == "Constant"}
+    before = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"}
+    assert {k for k in values if not np.array_equal(values[k], before[k])} == {"w1", "b1", "w2"}
+    feeds = _data()
+
+    def loss(m):
+        logits = ort_run(m, {"x": feeds["x"]}, ["logits"])["logits"].astype(np.float64)
+        logits -= logits.max(1, keepdims=True)
+        return -np.mean(logits[np.arange(len(logits)), feeds["labels"]] - np.log(np.exp(logits).sum(1)))
+
+    assert loss(trained) < loss(model)
+
+
+def test_the_forward_with_lifted_weights_computes_what_the_model_computes() -> None:
+    model = _constant_mlp()
+    step = build(model, loss="cross-entropy", output="logits", precision="float32")
+    trainer = Trainer(step)
+    x = _data()["x"]
+    assert np.allclose(ort_run(trainer.with_weights(step.forward), {"x": x, "labels": _data()["labels"]},
+                               ["logits"])["logits"], ort_run(model, {"x": x}, ["logits"])["logits"], atol=1e-6)
