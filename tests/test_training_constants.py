@@ -54,8 +54,8 @@ def test_trained_weights_go_back_into_their_constant_nodes(tmp_path) -> None:
     assert [(n.name, n.op_type, list(n.input), list(n.output)) for n in trained.graph.node] == \
         [(n.name, n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
     assert not trained.graph.initializer
-    values = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in trained.graph.node if n.op_type == "Constant"}
-    before = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"}
+    values, before = ({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in m.graph.node
+                       if n.op_type == "Constant"} for m in (trained, model))
     assert {k for k in values if not np.array_equal(values[k], before[k])} == {"w1", "b1", "w2"}
     feeds = _data()
 

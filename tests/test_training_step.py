@@ -317,3 +317,27 @@ def test_a_step_whose_model_runs_on_no_generated_set_is_built_with_a_warning(mon
     report = build(_mlp(), loss="cross-entropy", output="logits").report
     assert report.range_check.startswith("NOT RUN: onnxruntime could not run the model on generated inputs")
     assert any(n.startswith("warning: NO RANGE WAS MEASURED") for n in report.notes)
+
+
+@pytest.mark.parametrize("train, freeze, trained", [
+    ((), (), ["w1", "b1", "w2", "b2"]),
+    (("2$",), (), ["w2", "b2"]),
+    ((), ("^w",), ["b1", "b2"]),
+    (("head",), (), ["w2", "b2"]),  # the name of the node that reads them
+    ((), ("head", "b1"), ["w1"]),
+])
+def test_train_and_freeze_choose_the_parameters_by_their_names_and_their_readers(train, freeze, trained) -> None:
+    model = _mlp()
+    model.graph.node[2].name = "head"
+    step = build(model, loss="cross-entropy", output="logits", precision="float32", train=train, freeze=freeze)
+    assert [p.input for p in step.spec.params] == trained
+    frozen = {"w1", "b1", "w2", "b2"} - set(trained)
+    assert {t.name for t in step.model.graph.initializer} >= frozen  # constants of the step, no gradient for them
+    assert not any(f"{name}_grad" in o for o in (n.output for n in step.model.graph.node) for name in frozen)
+
+
+def test_patterns_that_leave_nothing_to_train_are_one_error() -> None:
+    with pytest.raises(UserError, match="leave none of the 4 parameters to train"):
+        build(_mlp(), loss="cross-entropy", output="logits", precision="float32", freeze=(".",))
+    with pytest.raises(UserError, match="not a regular expression"):
+        build(_mlp(), loss="cross-entropy", output="logits", precision="float32", train=("(",))

@@ -92,6 +92,11 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--labels", default="labels", metavar="NAME", help="name of the labels input (default labels)")
     group.add_argument("--param", action="append", metavar="NAME",
                        help="an initializer to train; repeat for more (default: every float weight the loss reads)")
+    group.add_argument("--train", dest="train_patterns", action="append", default=[], metavar="REGEX",
+                       help="train only the parameters whose name, or a reading node's name, this finds (repeatable)")
+    group.add_argument("--freeze", dest="freeze_patterns", action="append", default=[], metavar="REGEX",
+                       help="do not train the parameters whose name, or a reading node's name, this finds "
+                            "(repeatable): a head fine-tuned on a frozen backbone")
     group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     group.add_argument("--loss-scale", metavar="dynamic|none|N",
                        help="dynamic loss scaling (the default for float16), none (the default otherwise), "

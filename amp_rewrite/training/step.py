@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -110,7 +111,8 @@ class TrainingStep:
 def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
           precision: str = "float16", loss_scale: str | float | LossScale | None = None,
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
-          batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = ()) -> TrainingStep:
+          batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
+          train: Sequence[str] = (), freeze: Sequence[str] = ()) -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
@@ -120,7 +122,10 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     statistics; running statistics updated and carried) or "freeze" (running statistics
     used as they are). Dropout is active in the step. ``range_data``: samples of the data
     inputs and labels (the training data) for the rewrite's range check, which otherwise runs
-    on generated inputs."""
+    on generated inputs. ``train`` / ``freeze``: regular expressions searched in each parameter's
+    name and in the names of the nodes that read it: only the parameters some ``train`` pattern
+    finds (all where none is given) and no ``freeze`` pattern finds are trained; the others stay
+    the model's constants, with no gradient graph."""
     if batchnorm not in ("train", "freeze"):
         raise UserError(f"batchnorm must be train or freeze, got {batchnorm!r}")
     if precision not in PRECISIONS:
@@ -144,7 +149,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     forward.CopyFrom(proto)
     running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
     dropout_to_train_mode(proto)
-    names = params if params is not None else default_parameters(proto, loss)
+    names = _selected(proto, params if params is not None else default_parameters(proto, loss), train, freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
     report = None
@@ -192,6 +197,29 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
 _GENERATED = "generated inputs"
 RANGE_CHECK_FAILED = "range check: "
 """How a range check's failure to run the model begins (``MeasureRanges``)."""
+
+
+def _selected(proto: onnx.ModelProto, names: list[str], train: Sequence[str], freeze: Sequence[str]) -> list[str]:
+    """``names`` less those the ``train`` and ``freeze`` patterns leave out (``build``)."""
+    if not train and not freeze:
+        return names
+    try:
+        trains, freezes = ([re.compile(p) for p in patterns] for patterns in (train, freeze))
+    except re.error as exc:
+        raise UserError(f"--train/--freeze: not a regular expression ({exc})") from None
+    readers: dict[str, list[str]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    kept = []
+    for name in names:
+        said = [name, *readers.get(name, [])]
+        if (not trains or any(p.search(s) for p in trains for s in said)) and \
+                not any(p.search(s) for p in freezes for s in said):
+            kept.append(name)
+    if not kept:
+        raise UserError(f"--train/--freeze leave none of the {len(names)} parameters to train")
+    return kept
 
 
 def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.ndarray]:
