@@ -29,7 +29,7 @@ demo: install
 		--junit out/demo/transformer.check.xml
 	$(VENV)/bin/amp-rewrite bench out/demo/seed_cnn.onnx out/demo/seed_cnn.mixed.onnx --runs 20 --report out/demo/seed_cnn.bench.json
 	$(VENV)/bin/amp-rewrite train out/demo/mlp.onnx --data out/demo/digits_train.npz --eval out/demo/digits_test.npz \
-		--loss cross-entropy --output log_probs --labels labels --epochs 5 --precision float16 \
+		--loss cross-entropy --output log_probs --labels labels --epochs 5 --lr 1e-3 --precision float16 \
 		-o out/demo/mlp.trained.onnx --mixed-output out/demo/mlp.trained.mixed.onnx --report out/demo/mlp.train.json
 
 test: install

@@ -50,7 +50,7 @@ from amp_rewrite.ir.precision import Precision  # noqa: E402
 from amp_rewrite.policy.kernels import kernel_table  # noqa: E402
 from amp_rewrite.runtime import instrument  # noqa: E402
 from amp_rewrite.runtime.isolate import isolated  # noqa: E402
-from amp_rewrite.runtime.timing import INSERTED_CAST, KERNEL_SUFFIX, first_line  # noqa: E402
+from amp_rewrite.runtime.timing import INSERTED_CAST, KERNEL_SUFFIX  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "work" / "kernel_check"
 NODE = "kernel_check_node"
@@ -337,7 +337,7 @@ def _where(placed: dict[str, tuple[str, set[str]]]) -> str:
 
 def _said(exc: BaseException) -> str:
     """An error as a finding's evidence: its first line, at most 300 characters."""
-    return first_line(exc)[:300]
+    return instrument.first_line(exc)
 
 
 def check(provider: str, precision: Precision | str = Precision.FLOAT16, ops: Iterable[str] | None = None,

@@ -189,3 +189,54 @@ def test_a_model_with_an_output_named_loss_gets_its_standard_loss_under_another_
     onnx.save(model, path)
     assert main(_train_args(path, data, folder / "t.onnx", "--epochs", "1")) == 0
     assert [o.name for o in onnx.load(folder / "t.onnx").graph.output] == [o.name for o in model.graph.output]
+
+
+def _trained_weights(path) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+def test_a_resumed_run_ends_where_the_whole_run_ends(files):
+    """Checkpoints hold the weights, the optimizer's moments, the scale and the step count; the
+    shuffling of the epochs already done is drawn again, so epochs 3-4 resumed from epoch 2's
+    checkpoint are those of a run of 4."""
+    folder, path, data = files
+    common = ["--epochs", "4", "--lr", "0.01", "--precision", "float16", "--schedule", "cosine",
+              "--warmup-steps", "2", "--clip-norm", "1.0"]
+    assert main(_train_args(path, data, folder / "whole.onnx", *common, "--checkpoint-dir", str(folder / "c"))) == 0
+    assert sorted(p.name for p in (folder / "c").iterdir()) == [f"epoch-{i}.npz" for i in range(1, 5)]
+    assert main(_train_args(path, data, folder / "resumed.onnx", *common, "--resume",
+                            str(folder / "c" / "epoch-2.npz"))) == 0
+    whole, resumed = _trained_weights(folder / "whole.onnx"), _trained_weights(folder / "resumed.onnx")
+    assert all(np.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)
+    assert not all(np.array_equal(whole[k], _trained_weights(path)[k]) for k in whole)
+    assert main(_train_args(path, data, folder / "x.onnx", *common, "--resume", str(folder / "c" / "epoch-4.npz"))) \
+        == 2
+
+
+def test_keep_best_exports_the_epoch_of_the_lowest_evaluation_loss(files, tmp_path):
+    folder, path, data = files
+    report = folder / "r.json"
+    assert main(_train_args(path, data, folder / "t.onnx", "--epochs", "4", "--lr", "0.5", "--optimizer", "sgd",
+                            "--eval", str(data), "--keep-best", "--report", str(report))) == 0
+    found = json.loads(report.read_text())
+    losses = [e["eval"]["loss"] for e in found["epochs"]]
+    assert found["best_epoch"] == 1 + int(np.argmin(losses))
+
+
+def test_a_folder_of_npy_files_is_data_read_memory_mapped(files):
+    folder, path, data = files
+    arrays = np.load(data)
+    (folder / "npy").mkdir()
+    for name in arrays.files:
+        np.save(folder / "npy" / f"{name}.npy", arrays[name])
+    assert main(_train_args(path, folder / "npy", folder / "a.onnx", "--epochs", "2", "--lr", "0.01")) == 0
+    assert main(_train_args(path, data, folder / "b.onnx", "--epochs", "2", "--lr", "0.01")) == 0
+    a, b = _trained_weights(folder / "a.onnx"), _trained_weights(folder / "b.onnx")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_the_default_learning_rate_is_gentle_enough_for_a_pretrained_model(files, capsys):
+    folder, path, data = files
+    report = folder / "r.json"
+    assert main(_train_args(path, data, folder / "t.onnx", "--report", str(report))) == 0
+    assert json.loads(report.read_text())["lr"] == 1e-5

@@ -341,3 +341,31 @@ def test_patterns_that_leave_nothing_to_train_are_one_error() -> None:
         build(_mlp(), loss="cross-entropy", output="logits", precision="float32", freeze=(".",))
     with pytest.raises(UserError, match="not a regular expression"):
         build(_mlp(), loss="cross-entropy", output="logits", precision="float32", train=("(",))
+
+
+def test_clipping_scales_the_gradients_to_their_global_norm_as_pytorch_does() -> None:
+    """torch.nn.utils.clip_grad_norm_(params, max_norm) then SGD without momentum: one step."""
+    from amp_rewrite.training.optimizers import SGD
+
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec=SGD(momentum=0.0),
+                 precision="float32", loss_scale="none", clip_norm=0.05)
+    trainer = Trainer(step, lr=0.1)
+    weights = {k: v.astype(np.float64) for k, v in step.initial.items()}
+    batch = _batch(seed=4)
+    _, grads = _numpy_loss_grads(weights, batch)
+    norm = np.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    assert norm > 0.05  # the clip applies
+    trainer.step(batch)
+    for name, g in grads.items():
+        assert np.allclose(trainer.value(name), weights[name] - 0.1 * g * 0.05 / (norm + 1e-6), atol=1e-6), name
+
+
+def test_schedules() -> None:
+    from amp_rewrite.training.schedules import Schedule
+
+    cosine = Schedule("cosine", warmup=2, total=12)
+    assert [cosine.factor(s) for s in (0, 1, 2, 7, 12, 20)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0, 0.0])
+    assert [Schedule("step", step_size=3, gamma=0.5).factor(s) for s in (0, 2, 3, 6)] == [1, 1, 0.5, 0.25]
+    assert Schedule().factor(100) == 1.0
+    with pytest.raises(UserError, match="step-size"):
+        Schedule("step")

@@ -98,6 +98,8 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
                        help="do not train the parameters whose name, or a reading node's name, this finds "
                             "(repeatable): a head fine-tuned on a frozen backbone")
     group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    group.add_argument("--clip-norm", type=float, metavar="N",
+                       help="clip the gradients' global L2 norm to N (in the graph, in float32, after unscaling)")
     group.add_argument("--loss-scale", metavar="dynamic|none|N",
                        help="dynamic loss scaling (the default for float16), none (the default otherwise), "
                             "or a static scale")

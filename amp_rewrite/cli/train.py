@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -14,19 +16,34 @@ from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime.samples import read_npz
+from amp_rewrite.training.optimizers import DEFAULT_LR
+from amp_rewrite.training.schedules import KINDS, Schedule
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("train", help="train a model on .npz data with mixed precision and loss scaling")
     parser.add_argument("input", help="the float32 ONNX model")
-    parser.add_argument("--data", required=True, metavar="TRAIN.npz",
-                        help="arrays keyed by the model's input names and the labels name; axis 0 is the sample")
-    parser.add_argument("--eval", metavar="TEST.npz", help="evaluated after every epoch")
+    parser.add_argument("--data", required=True, metavar="TRAIN.npz|DIR",
+                        help="arrays keyed by the model's input names and the labels name; axis 0 is the sample. "
+                             "A folder of NAME.npy files is opened memory-mapped and read batch by batch")
+    parser.add_argument("--eval", metavar="TEST.npz|DIR", help="evaluated after every epoch")
     parser.add_argument("-o", "--trained", required=True, metavar="TRAINED.onnx",
                         help="the input model, graph unchanged, with the trained float32 weights")
     parser.add_argument("--mixed-output", metavar="TRAINED.mixed.onnx", help="also write its mixed-precision rewrite")
     parser.add_argument("--report", metavar="REPORT.json", help="per-epoch loss and evaluation, scales, skipped steps")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    defaults = ", ".join(f"{rate:g} for {name}" for name, rate in DEFAULT_LR.items())
+    parser.add_argument("--lr", type=float, help=f"base learning rate (default: {defaults}: a rate that fine-tunes "
+                                                 f"a pretrained model without wrecking it)")
+    parser.add_argument("--schedule", choices=KINDS, default="constant",
+                        help="learning-rate schedule over the steps: constant, cosine (to 0 at the last step) or step")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="steps of linear warm-up first")
+    parser.add_argument("--step-size", type=int, default=0, help="step schedule: steps between two decays")
+    parser.add_argument("--gamma", type=float, default=0.1, help="step schedule: the decay factor")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="write DIR/epoch-N.npz after every epoch")
+    parser.add_argument("--resume", metavar="CHECKPOINT.npz",
+                        help="start from a checkpoint (weights, optimizer and scaler state) at the epoch after it")
+    parser.add_argument("--keep-best", action="store_true",
+                        help="with --eval: export the weights of the epoch with the lowest evaluation loss")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -51,25 +68,38 @@ def run(args: argparse.Namespace) -> int:
         check_writable(Path(args.report))
     if args.epochs < 1 or args.batch_size < 1:
         raise UserError("--epochs and --batch-size must be at least 1")
+    if args.keep_best and not args.eval:
+        raise UserError("--keep-best keeps the epoch with the lowest evaluation loss: give --eval")
     provider_options = _key_values(args.provider_options, "--provider-option")
-    train = read_npz(args.data)
-    evaluation = read_npz(args.eval) if args.eval else None
+    train = read_data(args.data)
+    evaluation = read_data(args.eval) if args.eval else None
+    steps = args.epochs * math.ceil(max((len(a) for a in train.values() if np.ndim(a)), default=0) / args.batch_size)
+    schedule = Schedule(args.schedule, args.warmup_steps, steps, args.step_size, args.gamma)
     step = build_step(args, [{name: array[:args.batch_size] for name, array in train.items() if np.ndim(array)}])
     train = _checked(step, train, args.data)
     evaluation = _checked(step, evaluation, args.eval) if evaluation is not None else None
-    trainer = Trainer(step, provider=args.train_provider, lr=args.lr, weight_decay=args.weight_decay,
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,
                       provider_options=provider_options)
-    history = trainer.fit(train, args.epochs, args.batch_size, evaluation, seed=args.seed, progress=not args.quiet)
+    first = trainer.resume(args.resume) + 1 if args.resume else 1
+    if first > args.epochs:
+        raise UserError(f"{args.resume} ends epoch {first - 1}: nothing is left of --epochs {args.epochs}")
+    history = trainer.fit(train, args.epochs, args.batch_size, evaluation, seed=args.seed, progress=not args.quiet,
+                          schedule=schedule, first_epoch=first, checkpoints=args.checkpoint_dir,
+                          keep_best=args.keep_best)
     trainer.export(args.trained)
     if args.mixed_output:
         trainer.export_mixed(args.mixed_output)
     if args.report:
         report = {"spec": json.loads(step.spec.to_json()), "epochs": history.epochs, "scales": history.scales,
-                  "skipped_steps": history.skipped_steps, "steps": trainer.steps}
+                  "skipped_steps": history.skipped_steps, "steps": trainer.steps, "best_epoch": history.best_epoch,
+                  "lr": lr, "schedule": asdict(schedule)}
         io.save_text(Path(args.report), json.dumps(report, indent=1))
     if not args.quiet:
         print(f"amp-rewrite: trained {args.epochs} epochs, {trainer.steps} steps, {len(history.skipped_steps)} "
               f"skipped; last {describe(history.epochs[-1])}")
+        if history.best_epoch is not None:
+            print(f"  kept the weights of epoch {history.best_epoch}, the lowest evaluation loss")
         print(f"  wrote {args.trained}" + (f" and {args.mixed_output}" if args.mixed_output else ""))
     return EXIT_OK
 
@@ -104,6 +134,21 @@ def _classes(step) -> int | None:
     output = next((o for o in step.forward.graph.output if o.name == step.spec.outputs[0]), None)
     dims = output.type.tensor_type.shape.dim if output is not None else []
     return dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
+
+
+def read_data(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, or of a folder's NAME.npy files opened memory-mapped (data larger
+    than memory: a batch reads its rows)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return read_npz(path)
+    files = sorted(folder.glob("*.npy"))
+    if not files:
+        raise UserError(f"{path}: a data folder holds NAME.npy files, one per input and labels; it has none")
+    try:
+        return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in files}
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable .npy file ({exc})") from None
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ from amp_rewrite.runtime import samples
 from amp_rewrite.training import constant_weights
 from amp_rewrite.training.losses import attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
-from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, optimizer
+from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
 from amp_rewrite.training.scaling import LossScale, unscale, update
 
 PRECISIONS = ("float16", "bfloat16", "float32")
@@ -112,7 +112,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           precision: str = "float16", loss_scale: str | float | LossScale | None = None,
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
           batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
-          train: Sequence[str] = (), freeze: Sequence[str] = ()) -> TrainingStep:
+          train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None) -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
@@ -125,7 +125,10 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     on generated inputs. ``train`` / ``freeze``: regular expressions searched in each parameter's
     name and in the names of the nodes that read it: only the parameters some ``train`` pattern
     finds (all where none is given) and no ``freeze`` pattern finds are trained; the others stay
-    the model's constants, with no gradient graph."""
+    the model's constants, with no gradient graph. ``clip_norm``: the gradients' global L2 norm
+    is clipped to it, in the graph, in float32, after unscaling."""
+    if clip_norm is not None and not clip_norm > 0:
+        raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
     if batchnorm not in ("train", "freeze"):
         raise UserError(f"batchnorm must be train or freeze, got {batchnorm!r}")
     if precision not in PRECISIONS:
@@ -158,7 +161,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
-    step = _assemble(proto, loss, names, initial, opt, scaling, running)
+    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
@@ -246,7 +249,7 @@ class _Assembled:
 
 
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
-              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat]) -> _Assembled:
+              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None) -> _Assembled:
     graph = proto.graph
     scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"]
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
@@ -264,6 +267,8 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
         grads, found_inf = unscale(b, grads, "loss_scale")
     else:
         found_inf = b.const(np.array(False))
+    if clip_norm is not None:
+        grads = clipped_by_global_norm(b, grads, clip_norm)
     taking = b.op("Add", "step", b.const(1.0, like="step"))
     hyper = Hyper(LR, WEIGHT_DECAY, taking)
     carried, values, outputs = [], dict(initial), {}

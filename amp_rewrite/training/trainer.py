@@ -9,10 +9,13 @@ as both an input and an output (a backward node may still read the old weight).
 from __future__ import annotations
 
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -25,8 +28,10 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
+from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training import constant_weights
 from amp_rewrite.training.losses import reference_loss
+from amp_rewrite.training.schedules import Schedule
 from amp_rewrite.training.step import TrainingStep
 
 MODEL_STATE = ("param", "running_mean", "running_var")
@@ -53,6 +58,8 @@ class History:
     epochs: list[dict] = field(default_factory=list)
     scales: list[float] = field(default_factory=list)
     skipped_steps: list[int] = field(default_factory=list)
+    best_epoch: int | None = None
+    """The epoch whose weights the trainer ends with, where ``fit`` kept the best."""
 
 
 class Trainer:
@@ -143,18 +150,31 @@ class Trainer:
 
     # -- epochs -----------------------------------------------------------------------------------
     def fit(self, data: Mapping[str, np.ndarray], epochs: int = 1, batch_size: int = 32,
-            eval_data: Mapping[str, np.ndarray] | None = None, seed: int = 0, progress: bool = True) -> History:
-        """Shuffled mini-batches for ``epochs`` epochs; returns the per-epoch history."""
+            eval_data: Mapping[str, np.ndarray] | None = None, seed: int = 0, progress: bool = True,
+            schedule: Schedule | None = None, first_epoch: int = 1,
+            checkpoints: str | os.PathLike | None = None, keep_best: bool = False) -> History:
+        """Shuffled mini-batches for epochs ``first_epoch`` to ``epochs`` (the orders drawn from
+        ``seed`` in turn, the done epochs' too, so a resumed run shuffles as the whole one would);
+        returns the per-epoch history. ``schedule`` scales the learning rate given to the
+        trainer at each step. ``checkpoints``: a folder that gets ``epoch-N.npz`` after each
+        epoch (``save``). ``keep_best``: with ``eval_data``, the weights end as they were after
+        the epoch of the lowest evaluation loss."""
         count = sample_count(data, self.spec.data)
         history = History()
         live = progress and sys.stderr.isatty()
+        base_lr = self.lr
+        best = None
         rng = np.random.default_rng(seed)
-        for epoch in range(1, epochs + 1):
+        for _ in range(1, first_epoch):  # the orders of the epochs a resumed run has done
+            rng.permutation(count)
+        for epoch in range(first_epoch, epochs + 1):
             order = rng.permutation(count)
             losses, skipped, started = [], 0, time.perf_counter()
             batches = math.ceil(count / batch_size)
             for k in range(batches):
                 rows = order[k * batch_size:(k + 1) * batch_size]
+                if schedule is not None:
+                    self.lr = base_lr * schedule.factor(self.steps)
                 result = self.step({name: data[name][rows] for name in self.spec.data})
                 losses.append(result.loss)
                 skipped += result.skipped
@@ -173,8 +193,50 @@ class Trainer:
             history.epochs.append(record)
             if progress:
                 print(f"\r{describe(record)}", file=sys.stderr)
+            if keep_best and "eval" in record and (best is None or record["eval"]["loss"] < best[0]):
+                best = (record["eval"]["loss"], epoch, self.state())
+            if checkpoints is not None:
+                self.save(Path(checkpoints) / f"epoch-{epoch}.npz", epoch)
+        self.lr = base_lr
+        if best is not None:
+            self.load(best[2])
+            history.best_epoch = best[1]
         self.check_loss(data)
         return history
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Every carried value (weights, optimizer states, loss scale, step count), copied."""
+        return {c.input: self.value(c.input).copy() for c in self.spec.carried}
+
+    def load(self, state: Mapping[str, np.ndarray]) -> None:
+        """Carried values from ``state`` (``state()``, or a checkpoint's arrays): all of them, shaped as the step's."""
+        missing = [c.input for c in self.spec.carried if c.input not in state]
+        if missing:
+            raise UserError(f"the checkpoint lacks {', '.join(missing[:5])}: it was written for another step")
+        for carried in self.spec.carried:
+            value = np.asarray(state[carried.input], np.float32)
+            if list(value.shape) != list(carried.shape):
+                raise UserError(f"the checkpoint's {carried.input!r} has shape {list(value.shape)}, the step's "
+                                f"{carried.shape}: it was written for another model")
+            self._buffers[0][carried.input] = self._device_value(value)
+        self.steps = int(np.asarray(state["step"])) if "step" in state else self.steps
+
+    def save(self, path: str | os.PathLike, epoch: int) -> None:
+        """A checkpoint: every carried value and the epoch it ends, written whole or not at all."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
+            np.savez(handle, **self.state(), **{EPOCH_KEY: np.array(epoch)})
+        os.replace(handle.name, path)
+
+    def resume(self, path: str | os.PathLike) -> int:
+        """Load a checkpoint (``save``); the epoch it ended."""
+        arrays = read_npz(path)
+        if EPOCH_KEY not in arrays:
+            raise UserError(f"{path} is not a checkpoint of amp-rewrite train (no {EPOCH_KEY})")
+        self.load(arrays)
+        return int(arrays[EPOCH_KEY])
 
     def check_loss(self, data: Mapping[str, np.ndarray], rows: int = 256) -> None:
         """That the loss the step reports is the standard loss of the trained model's own output
@@ -247,6 +309,8 @@ class Trainer:
         return build_report(analysis, stats)
 
 
+EPOCH_KEY = "__epoch__"
+"""A checkpoint's array that holds the epoch it ends (``Trainer.save``)."""
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
 """How close the step's loss and the loss of the model's own output must be (``check_loss``):
 float32 reductions over a batch, against float64."""
