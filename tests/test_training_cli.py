@@ -157,7 +157,7 @@ def _summed(folder):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("scalar array", "bad.npz: x is a scalar; every array's axis 0 is the sample axis"),
+    ("scalar array", "bad.npz: array 'x' has shape []; the model expects ['N', 4]"),  # fed whole, as 0-d arrays are
     ("float64 model", "--output 'logits' is float64: training steps are built for float32 models"),
     ("data the model cannot run", "onnxruntime cannot run the training step on CPUExecutionProvider"),
 ])
@@ -240,3 +240,37 @@ def test_the_default_learning_rate_is_gentle_enough_for_a_pretrained_model(files
     report = folder / "r.json"
     assert main(_train_args(path, data, folder / "t.onnx", "--report", str(report))) == 0
     assert json.loads(report.read_text())["lr"] == 1e-5
+
+
+def _stateful(folder):
+    """out[N,3] = x[N,4] @ w + rate * mean over layers of state[2,N,3]: a recurrent state with its
+    samples on axis 1 and a scalar input (a sample rate)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("ReduceMean", ["state"], ["s"], axes=[0],
+                                                                            keepdims=0),
+         helper.make_node("Mul", ["s", "rate"], ["r"]), helper.make_node("Add", ["z", "r"], ["out"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "N", 3]),
+         helper.make_tensor_value_info("rate", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.zeros((4, 3), np.float32), "w")])
+    path = folder / "stateful.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return path
+
+
+def test_inputs_with_samples_on_another_axis_and_inputs_fed_whole(tmp_path):
+    path = _stateful(tmp_path)
+    x = np.random.default_rng(0).normal(0, 1, (40, 4)).astype(np.float32)
+    state = np.random.default_rng(1).normal(0, 1, (2, 40, 3)).astype(np.float32)
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    labels = x @ w + 0.5 * state.mean(0)  # learnable exactly only where each sample meets its own state
+    np.savez(tmp_path / "d.npz", x=x, state=state, rate=np.array(0.5, np.float32), labels=labels)
+    args = ["train", str(path), "--data", str(tmp_path / "d.npz"), "--loss", "mse", "--output", "out", "--labels",
+            "labels", "--optimizer", "sgd", "--lr", "0.1", "--epochs", "30", "--batch-size", "8", "--precision",
+            "float32", "-o", str(tmp_path / "t.onnx"), "--quiet"]
+    assert main([*args, "--batch-axis", "state:1"]) == 0
+    trained = numpy_helper.to_array(onnx.load(tmp_path / "t.onnx").graph.initializer[0])
+    assert np.allclose(trained, w, atol=0.05), trained
+    assert main([*args, "--batch-axis", "state:3"]) == 2
+    assert main([*args, "--batch-axis", "nothing:1"]) == 2

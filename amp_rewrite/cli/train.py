@@ -16,6 +16,7 @@ from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime.samples import read_npz
+from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.optimizers import DEFAULT_LR
 from amp_rewrite.training.schedules import KINDS, Schedule
 
@@ -24,7 +25,8 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("train", help="train a model on .npz data with mixed precision and loss scaling")
     parser.add_argument("input", help="the float32 ONNX model")
     parser.add_argument("--data", required=True, metavar="TRAIN.npz|DIR",
-                        help="arrays keyed by the model's input names and the labels name; axis 0 is the sample. "
+                        help="arrays keyed by the model's input names and the labels name; axis 0 is the sample "
+                             "(see --batch-axis, --fixed). "
                              "A folder of NAME.npy files is opened memory-mapped and read batch by batch")
     parser.add_argument("--eval", metavar="TEST.npz|DIR", help="evaluated after every epoch")
     parser.add_argument("-o", "--trained", required=True, metavar="TRAINED.onnx",
@@ -39,6 +41,11 @@ def add_parser(commands) -> None:
     parser.add_argument("--warmup-steps", type=int, default=0, help="steps of linear warm-up first")
     parser.add_argument("--step-size", type=int, default=0, help="step schedule: steps between two decays")
     parser.add_argument("--gamma", type=float, default=0.1, help="step schedule: the decay factor")
+    parser.add_argument("--batch-axis", dest="batch_axes", action="append", default=[], metavar="NAME:AXIS",
+                        help="the sample axis of an input or the labels, where it is not 0 (a recurrent state "
+                             "[layers, batch, hidden]: state:1); repeatable")
+    parser.add_argument("--fixed", action="append", default=[], metavar="NAME",
+                        help="an input fed whole at every step (0-d arrays are); repeatable")
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="write DIR/epoch-N.npz after every epoch")
     parser.add_argument("--resume", metavar="CHECKPOINT.npz",
                         help="start from a checkpoint (weights, optimizer and scaler state) at the epoch after it")
@@ -73,14 +80,16 @@ def run(args: argparse.Namespace) -> int:
     provider_options = _key_values(args.provider_options, "--provider-option")
     train = read_data(args.data)
     evaluation = read_data(args.eval) if args.eval else None
-    steps = args.epochs * math.ceil(max((len(a) for a in train.values() if np.ndim(a)), default=0) / args.batch_size)
+    Schedule(args.schedule, args.warmup_steps, 0, args.step_size, args.gamma)  # its errors before the build
+    batching = Batching.parse(args.batch_axes, args.fixed)
+    step = build_step(args, [_first_batch(train, batching, args.batch_size)])
+    train = _checked(step, train, args.data, batching)
+    steps = args.epochs * math.ceil(batching.count(train, step.spec.data) / args.batch_size)
     schedule = Schedule(args.schedule, args.warmup_steps, steps, args.step_size, args.gamma)
-    step = build_step(args, [{name: array[:args.batch_size] for name, array in train.items() if np.ndim(array)}])
-    train = _checked(step, train, args.data)
-    evaluation = _checked(step, evaluation, args.eval) if evaluation is not None else None
+    evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,
-                      provider_options=provider_options)
+                      provider_options=provider_options, batching=batching)
     first = trainer.resume(args.resume) + 1 if args.resume else 1
     if first > args.epochs:
         raise UserError(f"{args.resume} ends epoch {first - 1}: nothing is left of --epochs {args.epochs}")
@@ -104,20 +113,21 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _checked(step, data: dict[str, np.ndarray], origin: str) -> dict[str, np.ndarray]:
-    """The arrays the step reads, cast to its input types: present, of one length, shaped as the
-    model declares, and labels that fit the loss."""
-    from amp_rewrite.training.trainer import sample_count
-
+def _checked(step, data: dict[str, np.ndarray], origin: str, batching: Batching) -> dict[str, np.ndarray]:
+    """The arrays the step reads, cast to its input types: present, of one length along their
+    sample axes, shaped as the model declares (but for the sample axis), and labels that fit
+    the loss."""
     spec = step.spec
-    sample_count(data, spec.data, origin)
+    batching.count(data, spec.data, origin)
     inputs = {i.name: i.type.tensor_type for i in step.model.graph.input}
     result = {}
     for name in spec.data:
         declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None  # 0: dynamic
                     for d in inputs[name].shape.dim]
         shape = data[name].shape
-        if len(shape) != len(declared) or any(d is not None and d != s for d, s in zip(declared[1:], shape[1:])):
+        sample = None if batching.whole(name, data[name]) else batching.axis(name) % len(shape)
+        if len(shape) != len(declared) or any(d is not None and d != s for axis, (d, s) in enumerate(
+                zip(declared, shape)) if axis != sample):
             expected = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in inputs[name].shape.dim]
             raise UserError(f"{origin}: array {name!r} has shape {list(shape)}; the model expects {expected}")
         result[name] = data[name].astype(helper.tensor_dtype_to_np_dtype(inputs[name].elem_type), copy=False)
@@ -134,6 +144,13 @@ def _classes(step) -> int | None:
     output = next((o for o in step.forward.graph.output if o.name == step.spec.outputs[0]), None)
     dims = output.type.tensor_type.shape.dim if output is not None else []
     return dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
+
+
+def _first_batch(data: dict[str, np.ndarray], batching: Batching, size: int) -> dict[str, np.ndarray]:
+    """The first ``size`` samples of the arrays that hold samples where ``batching`` says, and
+    the whole ones: what the step's range check runs on first."""
+    usable = [n for n, a in data.items() if batching.whole(n, a) or -np.ndim(a) <= batching.axis(n) < np.ndim(a)]
+    return batching.take(data, usable, slice(0, size))
 
 
 def read_data(path: str) -> dict[str, np.ndarray]:

@@ -30,6 +30,7 @@ from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training import constant_weights
+from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.schedules import Schedule
 from amp_rewrite.training.step import TrainingStep
@@ -65,7 +66,7 @@ class History:
 class Trainer:
     def __init__(self, step: TrainingStep, provider: str = "CPUExecutionProvider", lr: float = 1e-3,
                  weight_decay: float = 0.0, emulate: bool | None = None,
-                 provider_options: Mapping[str, str] | None = None) -> None:
+                 provider_options: Mapping[str, str] | None = None, batching: Batching | None = None) -> None:
         """``provider_options``: the execution provider's options (ONNX Runtime's names; CUDA's
         ``device_id``, ``gpu_mem_limit``, ``arena_extend_strategy``, ...) over ``PROVIDER_DEFAULTS``;
         the step's values live on ``device_id``'s device.
@@ -76,6 +77,8 @@ class Trainer:
         self.step_graph = step
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
+        self.batching = batching or Batching()
+        """Where the data arrays hold their samples (``fit``, ``evaluate``)."""
         self.provider = provider
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
         provider_options = {**PROVIDER_DEFAULTS.get(provider, {}), **(provider_options or {})}
@@ -159,7 +162,7 @@ class Trainer:
         trainer at each step. ``checkpoints``: a folder that gets ``epoch-N.npz`` after each
         epoch (``save``). ``keep_best``: with ``eval_data``, the weights end as they were after
         the epoch of the lowest evaluation loss."""
-        count = sample_count(data, self.spec.data)
+        count = self.batching.count(data, self.spec.data)
         history = History()
         live = progress and sys.stderr.isatty()
         base_lr = self.lr
@@ -175,7 +178,7 @@ class Trainer:
                 rows = order[k * batch_size:(k + 1) * batch_size]
                 if schedule is not None:
                     self.lr = base_lr * schedule.factor(self.steps)
-                result = self.step({name: data[name][rows] for name in self.spec.data})
+                result = self.step(self.batching.take(data, self.spec.data, rows))
                 losses.append(result.loss)
                 skipped += result.skipped
                 history.scales.append(result.scale)
@@ -244,9 +247,9 @@ class Trainer:
         they disagree. A cross-entropy taken of probabilities as if they were logits falls while
         the real cross-entropy rises."""
         spec = self.spec
-        if spec.loss_kind is None:
-            return
-        feeds = {name: data[name][:rows] for name in spec.data}
+        if spec.loss_kind is None or self.batching.axis(spec.labels) != 0 or spec.labels in self.batching.fixed:
+            return  # the reference reads samples on axis 0
+        feeds = self.batching.take(data, spec.data, slice(0, rows))
         session = instrument.session(self.with_weights(self.step_graph.forward))
         with instrument.refusals("the model", "CPUExecutionProvider"):
             (output,) = session.run([spec.loss_output], feeds)
@@ -254,7 +257,7 @@ class Trainer:
             if found is None:
                 return
             expected, kept = found
-            (reported,) = session.run([spec.loss], {name: array[kept] for name, array in feeds.items()})
+            (reported,) = session.run([spec.loss], self.batching.take(feeds, spec.data, kept))
         if not math.isclose(float(reported), expected, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
             raise UserError(f"the {spec.loss_kind} loss the step computes ({float(reported):.6g}) is not the "
                             f"{spec.loss_kind} of {spec.loss_output!r} ({expected:.6g} from its own values): its "
@@ -267,14 +270,14 @@ class Trainer:
         session = instrument.session(self.with_weights(self.step_graph.forward))
         names = [self.spec.loss, *self.spec.outputs[:1]]
         inputs = self.spec.data
-        count = sample_count(data, inputs)
+        count = self.batching.count(data, inputs)
         total, correct = 0.0, 0
         classes = self.spec.labels is not None and data[self.spec.labels].dtype.kind in "iu"
         for start in range(0, count, batch_size):
-            feeds = {name: data[name][start:start + batch_size] for name in inputs}
+            feeds = self.batching.take(data, inputs, slice(start, start + batch_size))
             with instrument.refusals("the model", "CPUExecutionProvider"):
                 loss, *outputs = session.run(names, feeds)
-            rows = len(feeds[inputs[0]])
+            rows = min(batch_size, count - start)
             total += float(loss) * rows
             if classes and outputs and outputs[0].ndim == 2:
                 correct += int(np.sum(outputs[0].argmax(axis=1) == feeds[self.spec.labels]))
@@ -314,22 +317,6 @@ EPOCH_KEY = "__epoch__"
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
 """How close the step's loss and the loss of the model's own output must be (``check_loss``):
 float32 reductions over a batch, against float64."""
-
-
-def sample_count(data: Mapping[str, np.ndarray], names, origin: str = "the data") -> int:
-    """How many samples ``data`` holds for ``names``: every name present, all of one length."""
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise UserError(f"{origin} has no array for {', '.join(missing)} (it has {', '.join(data) or 'none'})")
-    scalars = [n for n in names if np.ndim(data[n]) == 0]
-    if scalars:
-        raise UserError(f"{origin}: {', '.join(scalars)} {'is a scalar' if len(scalars) == 1 else 'are scalars'}; "
-                        f"every array's axis 0 is the sample axis (give one value per sample)")
-    lengths = {n: len(data[n]) for n in names}
-    if len(set(lengths.values())) != 1:
-        raise UserError(f"{origin}: the arrays disagree in length: " +
-                        ", ".join(f"{n} {v}" for n, v in lengths.items()))
-    return next(iter(lengths.values()))
 
 
 def describe(record: dict) -> str:
