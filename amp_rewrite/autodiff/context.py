@@ -26,6 +26,12 @@ SLICE_END = 2**62
 """A Slice bound past any extent."""
 
 
+
+
+class DynamicShapes(UserError):
+    """A rule needs what only run time knows here (a shape, pads or scales computed from one):
+    a graph specialized to fixed input extents, its shape computations folded, has them."""
+
 class Context:
     def __init__(self, engine: Backward, node: Node, graph_id: int, b: GraphBuilder,
                  inputs: Sequence[str], grads: Sequence[str | None], wanted: Sequence[bool]) -> None:
@@ -65,9 +71,11 @@ class Context:
         value = self._attributes.get(name, default)
         return value.decode() if isinstance(value, bytes) else value
 
-    def error(self, why: str) -> UserError:
-        """The error for a node this rule cannot differentiate, naming it."""
-        return UserError(f"cannot differentiate {self.node.op_type} node {self.node.name or self.O(0)!r}: {why}")
+    def error(self, why: str, dynamic: bool = False) -> UserError:
+        """The error for a node this rule cannot differentiate, naming it; ``dynamic``: because a
+        shape or a shape-derived operand is known only at run time (``DynamicShapes``)."""
+        return (DynamicShapes if dynamic else UserError)(
+            f"cannot differentiate {self.node.op_type} node {self.node.name or self.O(0)!r}: {why}")
 
     def go_or_zeros(self, i: int) -> str:
         """``GO(i)``, or zeros like ``O(i)`` when nothing flows into that output."""

@@ -27,10 +27,12 @@ import onnx.external_data_helper
 from onnx import TensorProto, helper
 
 from amp_rewrite.autodiff import add_backward
+from amp_rewrite.autodiff.context import DynamicShapes
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
+from amp_rewrite.ir.specialize import specialized
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
@@ -83,6 +85,8 @@ class StepSpec:
     """The standard loss attached ("cross-entropy", "mse"), None where the model's own output is the loss."""
     loss_output: str | None = None
     """The model output a standard loss applies to."""
+    extents: dict[str, list[int]] | None = None
+    """The data extents a specialized step takes (``build(specialize=...)``); None: any."""
 
     @property
     def params(self) -> list[Carried]:
@@ -112,7 +116,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           precision: str = "float16", loss_scale: str | float | LossScale | None = None,
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
           batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
-          train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None) -> TrainingStep:
+          train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
+          specialize: Mapping[str, Sequence[int]] | None = None) -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
@@ -126,7 +131,25 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     name and in the names of the nodes that read it: only the parameters some ``train`` pattern
     finds (all where none is given) and no ``freeze`` pattern finds are trained; the others stay
     the model's constants, with no gradient graph. ``clip_norm``: the gradients' global L2 norm
-    is clipped to it, in the graph, in float32, after unscaling."""
+    is clipped to it, in the graph, in float32, after unscaling. ``specialize``: input name ->
+    extents: the step is built for those (``ir.specialize``: shapes computed at run time folded
+    to constants), and takes batches of them only; where a rule needs static shapes and
+    ``range_data`` is given, the step is specialized to its first sample's extents by itself."""
+    arguments = dict(locals())
+    try:
+        return _build(**arguments)
+    except DynamicShapes as exc:
+        if specialize is not None:
+            raise
+        if not range_data:
+            raise DynamicShapes(f"{exc} (given training data, whose extents are fixed, train specializes the step "
+                                f"to them, which makes these static)") from None
+    return _build(**{**arguments, "specialize": {name: np.shape(array) for name, array in range_data[0].items()}})
+
+
+def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, output, labels, batchnorm,
+           range_data, train, freeze, clip_norm, specialize) -> TrainingStep:
+    """``build``'s work, for given extents or none."""
     if clip_norm is not None and not clip_norm > 0:
         raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
     if batchnorm not in ("train", "freeze"):
@@ -153,6 +176,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
     dropout_to_train_mode(proto)
     names = _selected(proto, params if params is not None else default_parameters(proto, loss), train, freeze)
+    if specialize is not None:
+        proto = specialized(proto, {k: v for k, v in specialize.items() if k in samples.graph_inputs(proto)},
+                            keep=set(names))
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
     report = None
@@ -165,7 +191,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
-                    loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None)
+                    loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
+                    extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
+                    if specialize is not None else None)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
 
 

@@ -176,9 +176,12 @@ class Trainer:
             batches = math.ceil(count / batch_size)
             for k in range(batches):
                 rows = order[k * batch_size:(k + 1) * batch_size]
+                batch = self.batching.take(data, self.spec.data, rows)
+                if not self._fits(batch):  # a specialized step's last, partial batch
+                    continue
                 if schedule is not None:
                     self.lr = base_lr * schedule.factor(self.steps)
-                result = self.step(self.batching.take(data, self.spec.data, rows))
+                result = self.step(batch)
                 losses.append(result.loss)
                 skipped += result.skipped
                 history.scales.append(result.scale)
@@ -206,6 +209,11 @@ class Trainer:
             history.best_epoch = best[1]
         self.check_loss(data)
         return history
+
+    def _fits(self, batch: Mapping[str, np.ndarray]) -> bool:
+        """Whether a specialized step (``StepSpec.extents``) takes ``batch``."""
+        extents = self.spec.extents
+        return extents is None or all(list(np.shape(batch[n])) == e for n, e in extents.items() if n in batch)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:

@@ -93,7 +93,7 @@ def _window(ctx: Context, kernel: Dims, spatial: Dims | None) -> Window:
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         if spatial is None:
             raise ctx.error(f"auto_pad={auto_pad} pads by the input's spatial shape, which is not static here; "
-                             "give the input static spatial dimensions or the node explicit pads")
+                            "give the input static spatial dimensions or the node explicit pads", dynamic=True)
         spans = [d * (k - 1) + 1 for d, k in zip(dilations, kernel)]
         total = [max(0, (-(-s // st) - 1) * st + span - s) for s, st, span in zip(spatial, strides, spans)]
         small, large = tuple(t // 2 for t in total), tuple(t - t // 2 for t in total)
@@ -268,7 +268,7 @@ def _transpose_pads(ctx: Context, kernel: Dims, strides: Dims, dilations: Dims, 
         return pads[:n], pads[n:]
     if spatial is None:
         raise ctx.error("its pads follow from auto_pad or output_shape and the input's spatial shape, "
-                         "which is not static here")
+                        "which is not static here", dynamic=True)
     target = list(target)[-n:] if target is not None else [s * st for s, st in zip(spatial, strides)]
     total = [st * (s - 1) + e + d * (k - 1) + 1 - t
              for s, st, e, d, k, t in zip(spatial, strides, extra, dilations, kernel, target)]

@@ -19,7 +19,7 @@ def _matmul(ctx: Context):
     b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
     ra, rb = ctx.rank(a), ctx.rank(w)
     if ra is None or rb is None:
-        raise ctx.error("the ranks of its inputs are unknown (shape inference could not find them)")
+        raise ctx.error("the ranks of its inputs are unknown (shape inference could not find them)", dynamic=True)
     if ra == 1 and rb == 1:
         return {i: b.op("Mul", g, ctx.I(1 - i)) for i in (0, 1) if ctx.wants(i)}
     # Make both operands at least 2-D, as MatMul does, and dY to match.

@@ -124,7 +124,7 @@ def _gather(ctx: Context):
     b, x, indices = ctx.b, ctx.I(0), ctx.I(1)
     rank, index_rank = ctx.rank(x), ctx.rank(indices)
     if rank is None or index_rank is None:
-        raise ctx.error("the ranks of its inputs are unknown")
+        raise ctx.error("the ranks of its inputs are unknown", dynamic=True)
     axis = ctx.attr("axis", 0) % rank
     grad = ctx.GO(0)
     if index_rank == 0:  # a scalar index dropped the axis: restore it

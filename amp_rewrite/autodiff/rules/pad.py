@@ -25,7 +25,7 @@ def _pad(ctx: Context):
     axes = _pad_axes(ctx, rank)
     if pads is None:
         if mode != "constant":
-            raise ctx.error(f"mode {mode!r} needs constant pads")
+            raise ctx.error(f"mode {mode!r} needs constant pads", dynamic=True)
         kept = _unpad_runtime(ctx, g, rank)
     else:
         pads = [int(p) for p in pads.ravel()]
@@ -52,11 +52,11 @@ def _pad_axes(ctx: Context, rank: int | None) -> list[int] | None:
         return None
     found = ctx.constant(3)
     if found is None:
-        raise ctx.error("its axes input is not a constant")
+        raise ctx.error("its axes input is not a constant", dynamic=True)
     axes = [int(a) for a in found.ravel()]
     if any(a < 0 for a in axes):
         if rank is None:
-            raise ctx.error("it pads negative axes of an input whose rank is not known")
+            raise ctx.error("it pads negative axes of an input whose rank is not known", dynamic=True)
         axes = [a % rank for a in axes]
     return axes
 
@@ -72,7 +72,7 @@ def _unpad_constant(ctx: Context, g: str, rank: int | None, axes: list[int], beg
     if not any(p < 0 for p in begin + end):
         return kept, kept
     if rank is None:
-        raise ctx.error("it crops (negative pads) an input whose rank is not known")
+        raise ctx.error("it crops (negative pads) an input whose rank is not known", dynamic=True)
     full = [0] * (2 * rank)
     for a, p, q in zip(axes, begin, end):
         full[a], full[rank + a] = max(-p, 0), max(-q, 0)
@@ -89,7 +89,7 @@ def _unpad_runtime(ctx: Context, g: str, rank: int | None) -> tuple[str, str]:
         dims = b.op("Gather", b.op("Shape", g), axes, axis=0)
     else:
         if rank is None:
-            raise ctx.error("its pads are not constant and its input's rank is not known")
+            raise ctx.error("its pads are not constant and its input's rank is not known", dynamic=True)
         axes, count, dims = b.ints(list(range(rank))), b.ints([rank]), b.op("Shape", g)
     begin = b.op("Slice", pads, b.ints([0]), count)
     end = b.op("Slice", pads, count, b.ints([SLICE_END]))
@@ -115,7 +115,7 @@ def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[
             continue
         extent = shape[a] if shape is not None else None
         if not isinstance(extent, int):
-            raise ctx.error(f"mode {mode!r} needs the static extent of padded axis {a}")
+            raise ctx.error(f"mode {mode!r} needs the static extent of padded axis {a}", dynamic=True)
         if mode == "reflect" and max(p, q) > extent - 1:
             raise ctx.error(f"reflect pads of {max(p, q)} exceed the extent {extent} of axis {a} less one")
         if mode == "wrap" and max(p, q) > extent:

@@ -56,7 +56,7 @@ def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]
     scales = scales if scales is not None and scales.size else None
     sizes = sizes if sizes is not None and sizes.size else None
     if scales is None and sizes is None:
-        raise ctx.error("its scales or sizes are not constants")
+        raise ctx.error("its scales or sizes are not constants", dynamic=True)
     axes = [a % rank for a in ctx.attr("axes") or range(rank)]
     roi_value = ctx.constant(1) if ctx.I(1) else None
     roi = None
@@ -82,7 +82,8 @@ def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]
         wanted = {a: int(sizes.ravel()[i]) for i, a in enumerate(axes)}
         missing = [a for a in axes if extents[a] is None]
         if missing:
-            raise ctx.error(f"it resizes to sizes but the input's extent along axis {missing[0]} is not static")
+            raise ctx.error(f"it resizes to sizes but the input's extent along axis {missing[0]} is not static",
+                            dynamic=True)
         factors = {a: wanted[a] / extents[a] for a in axes}
         outs = dict(wanted)
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
@@ -98,7 +99,7 @@ def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]
         if math.isclose(factors[a], 1.0) and untouched_roi and (extents[a] is None or outs[a] == extents[a]):
             continue  # left alone, as the reference implementation leaves it
         if extents[a] is None:
-            raise ctx.error(f"it resizes axis {a}, whose extent is not static")
+            raise ctx.error(f"it resizes axis {a}, whose extent is not static", dynamic=True)
         weights = resize_weights(extents[a], outs[a], factors[a], transform, coefficients,
                                  None if roi is None else (roi[a], roi[rank + a]),
                                  bool(ctx.attr("exclude_outside", 0)))
