@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -164,21 +165,20 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
-    proto = differentiable(proto)
-    labels_name = kind = None
-    if loss in ("cross-entropy", "mse"):
-        if output is None:
-            raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
-        kind, attached = loss, attach_loss(proto, loss, output, labels)
-        loss, labels_name = attached.loss, attached.labels
-    forward = onnx.ModelProto()
-    forward.CopyFrom(proto)
+    if loss in ("cross-entropy", "mse") and output is None:
+        raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
+    kind = loss if loss in ("cross-entropy", "mse") else None
+    forward, loss, labels_name = _with_loss(proto, loss, output, labels)
+    if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded
+        proto = specialized(proto, {k: v for k, v in specialize.items() if k in samples.graph_inputs(proto)},
+                            keep={t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES
+                                  and math.prod(t.dims) >= constant_weights.MIN_ELEMENTS})
+        proto, _, _ = _with_loss(proto, kind or loss, output, labels)
+    else:
+        proto = onnx.ModelProto.FromString(forward.SerializeToString())
     running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
     dropout_to_train_mode(proto)
     names = _selected(proto, params if params is not None else default_parameters(proto, loss), train, freeze)
-    if specialize is not None:
-        proto = specialized(proto, {k: v for k, v in specialize.items() if k in samples.graph_inputs(proto)},
-                            keep=set(names))
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
     report = None
@@ -195,6 +195,17 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
+
+
+def _with_loss(model: onnx.ModelProto, loss: str, output: str | None,
+               labels: str) -> tuple[onnx.ModelProto, str, str | None]:
+    """(a copy of ``model`` ready to differentiate, with ``loss`` attached where it is a standard
+    one; the loss's name; the labels' name or None)."""
+    proto = differentiable(onnx.ModelProto.FromString(model.SerializeToString()))
+    if loss not in ("cross-entropy", "mse"):
+        return proto, loss, None
+    attached = attach_loss(proto, loss, output, labels)
+    return proto, attached.loss, attached.labels
 
 
 def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[str, np.ndarray], labels: str | None,
