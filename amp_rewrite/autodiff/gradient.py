@@ -11,6 +11,7 @@ import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
+from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import declarations, io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
@@ -51,6 +52,7 @@ def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None 
     """:func:`gradient_model` on a ModelProto that may be edited in place (external data may
     stay on disk)."""
     proto = differentiable(proto)
+    unrolled(proto)  # RNN, GRU and LSTM of static length as the ops they are made of
     backprop = add_backward(proto, loss, wrt)
     graph = proto.graph
     taken = {o.name for o in graph.output} | backprop.builder.names.taken

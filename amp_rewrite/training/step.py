@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 from amp_rewrite.autodiff import add_backward
 from amp_rewrite.autodiff.context import DynamicShapes
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
+from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
@@ -176,6 +177,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         proto, _, _ = _with_loss(proto, kind or loss, output, labels)
     else:
         proto = onnx.ModelProto.FromString(forward.SerializeToString())
+    unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
     running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
     dropout_to_train_mode(proto)
     names = _selected(proto, params if params is not None else default_parameters(proto, loss), train, freeze)
