@@ -119,3 +119,23 @@ def test_scan_on_the_path_is_a_clear_error():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(UserError, match=r"no gradient rule for Scan \(domain ai.onnx, opset 17\) at node 'the_scan'"):
         gradient_model(model, "loss")
+
+
+def test_a_loop_body_whose_own_constants_the_backward_reads():
+    """tf2onnx writes a Keras GRU's step as a Loop whose body holds its Slice bounds as its own
+    initializers: the backward Loop read them out of scope (ONNX Runtime: "not output of any
+    previous nodes")."""
+    model = _loop_model(3)
+    body = model.graph.node[0].attribute[0].g
+    body.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "start"),
+                             numpy_helper.from_array(np.array([2], np.int64), "end"),
+                             numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    pre = next(n for n in body.node if n.output[0] == "pre")
+    pre.output[0] = "pre_full"
+    body.node.insert(list(body.node).index(pre) + 1, helper.make_node("Slice", ["pre_full", "start", "end", "axis"],
+                                                                       ["pre_part"]))
+    body.node.insert(list(body.node).index(pre) + 2, helper.make_node("Pad", ["pre_part", "pads"], ["pre"]))
+    body.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 1], np.int64), "pads"))
+    wrt = ["h0", "W", "b"]
+    assert_close(analytic(model, wrt, runner="ort"), numeric(model, wrt, runner="ort"), 1e-6, 1e-8,
+                 "Loop with body constants (ONNX Runtime, float64)")

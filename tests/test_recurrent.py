@@ -15,14 +15,14 @@ from amp_rewrite.cli import main
 from tests.gradcheck import directional_check, ort_run, with_loss
 from tests.helpers import rng
 
-T, N, I, H = 5, 3, 4, 6
+T, N, FEATURES, H = 5, 3, 4, 6
 
 
 def _recurrent(op: str, direction: str = "forward", bias: bool = True, initial: bool = False,
                lengths: bool = False, layout: int = 0, lbr: int = 0, steps=T) -> onnx.ModelProto:
     d = 2 if direction == "bidirectional" else 1
     g = GATES[op]
-    inits = [numpy_helper.from_array(rng(1).normal(0, 0.4, (d, g * H, I)).astype(np.float32), "W"),
+    inits = [numpy_helper.from_array(rng(1).normal(0, 0.4, (d, g * H, FEATURES)).astype(np.float32), "W"),
              numpy_helper.from_array(rng(2).normal(0, 0.4, (d, g * H, H)).astype(np.float32), "R")]
     names = ["x", "W", "R", "", "", "", ""][:7 if op == "LSTM" else 6]
     if bias:
@@ -43,14 +43,14 @@ def _recurrent(op: str, direction: str = "forward", bias: bool = True, initial: 
     if op == "GRU" and lbr:
         attrs["linear_before_reset"] = 1
     node = helper.make_node(op, names, outs, name="rec", **attrs)
-    shape = [N, steps, I] if layout else [steps, N, I]
+    shape = [N, steps, FEATURES] if layout else [steps, N, FEATURES]
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
 
 
 def _x(layout: int = 0) -> np.ndarray:
-    x = rng(6).normal(0, 1, (T, N, I)).astype(np.float32)
+    x = rng(6).normal(0, 1, (T, N, FEATURES)).astype(np.float32)
     return x.transpose(1, 0, 2).copy() if layout else x
 
 
@@ -100,7 +100,7 @@ def test_train_fine_tunes_an_lstm_tagger(tmp_path) -> None:
     del model.graph.output[1:]
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    x = rng(7).normal(0, 1, (T, 16, I)).astype(np.float32)
+    x = rng(7).normal(0, 1, (T, 16, FEATURES)).astype(np.float32)
     np.savez(tmp_path / "d.npz", x=x, labels=np.zeros((T, 1, 16, H), np.float32))
     for precision in ("float32", "float16"):
         assert main(["train", str(path), "--data", str(tmp_path / "d.npz"), "--batch-axis", "x:1", "--batch-axis",

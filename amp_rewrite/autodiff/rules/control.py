@@ -136,9 +136,10 @@ def _loop(ctx: Context):
     inputs = [helper.make_tensor_value_info(step, TensorProto.INT64, []),
               helper.make_tensor_value_info(condition, TensorProto.BOOL, []),
               *(helper.make_tensor_value_info(n, bb.types[n], None) for n in (*state_in.values(), *sums_in.values()))]
+    read = names_read(bb.nodes)  # the forward body's own constants the backward nodes read come along
     graph = helper.make_graph(bb.nodes, f"{ctx.node.name or 'loop'}_grad", inputs,
                               [helper.make_tensor_value_info(r, bb.types.get(r, TensorProto.BOOL), None)
-                               for r in results])
+                               for r in results], [t for t in body.initializer if t.name in read])
     initial = [ctx.go_or_zeros(j) for j in carried] + [b.zeros_like(key[1]) for key in targets]
     finals = b.ops("Loop", trips, "", *initial, outputs=len(initial), body=graph)
     for name, value in zip(finals, initial):
