@@ -74,3 +74,35 @@ def test_the_forward_with_lifted_weights_computes_what_the_model_computes() -> N
     x = _data()["x"]
     assert np.allclose(ort_run(trainer.with_weights(step.forward), {"x": x, "labels": _data()["labels"]},
                                ["logits"])["logits"], ort_run(model, {"x": x}, ["logits"])["logits"], atol=1e-6)
+
+
+def test_batchnorm_statistics_shared_through_identity_nodes_train_apart_and_are_exported() -> None:
+    """TorchScript writes equal fresh statistics once and gives each BatchNormalization an Identity
+    of it: each BN's running statistics train on their own and go back as Constant nodes of the
+    Identity's name and output (they were refused: "not initializers")."""
+    c = 3
+    inits = [numpy_helper.from_array(np.zeros(c, np.float32), "zeros"), numpy_helper.from_array(np.ones(c, np.float32),
+                                                                                                 "ones"),
+             numpy_helper.from_array(rng(5).normal(0, 0.5, (c, c, 1, 1)).astype(np.float32), "w")]
+    nodes = []
+    for i in range(2):
+        nodes += [helper.make_node("Identity", ["zeros"], [f"mean{i}"], name=f"mean{i}_node"),
+                  helper.make_node("Identity", ["ones"], [f"var{i}"], name=f"var{i}_node")]
+    nodes += [helper.make_node("BatchNormalization", ["x", "ones", "zeros", "mean0", "var0"], ["n0"], name="bn0"),
+              helper.make_node("Conv", ["n0", "w"], ["h"]),
+              helper.make_node("BatchNormalization", ["h", "ones", "zeros", "mean1", "var1"], ["y"], name="bn1")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+    step = build(model, loss="mse", output="y", precision="float32")
+    stats = {p.input for p in step.spec.carried if p.role in ("running_mean", "running_var")}
+    assert stats == {"mean0", "var0", "mean1", "var1"}
+    trainer = Trainer(step, lr=0.01)
+    x = rng(6).normal(2.0, 3.0, (16, c, 4, 4)).astype(np.float32)
+    trainer.fit({"x": x, "labels": np.zeros_like(x)}, epochs=2, batch_size=8, progress=False)
+    exported = trainer.with_weights(step.original)
+    made = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in exported.graph.node
+            if n.op_type == "Constant"}
+    assert set(made) == stats and not np.allclose(made["mean0"], made["mean1"])
+    assert all(np.allclose(made[name], trainer.value(name)) for name in stats)
+    assert [n.name for n in exported.graph.node] == [n.name for n in model.graph.node]

@@ -45,8 +45,18 @@ def lift(model: onnx.ModelProto) -> list[str]:
 
 def written_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
     """Put ``weights`` (by output name) into the top-level Constant nodes of ``model`` that make
-    them (in place), in each tensor's own type."""
+    them (in place), in each tensor's own type. An Identity of an initializer that makes one
+    (TorchScript's shared copy of equal BatchNormalization statistics, each BN's own once
+    trained) becomes a Constant node of that name and output holding it."""
+    initializers = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
+        if node.op_type == "Identity" and node.output and node.output[0] in weights and node.input[0] in initializers:
+            value = numpy_helper.from_array(weights[node.output[0]].astype(
+                read_array(initializers[node.input[0]], None).dtype))
+            node.op_type = "Constant"
+            del node.input[:]
+            node.attribute.append(onnx.helper.make_attribute("value", value))
+            continue
         if node.op_type != "Constant" or not node.output or node.output[0] not in weights:
             continue
         for attribute in node.attribute:

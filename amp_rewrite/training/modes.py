@@ -41,11 +41,21 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
     tensors = {t.name: t for t in proto.graph.initializer}
     stats: list[RunningStat] = []
     replaced: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[str] = set()
+    """Outputs of Identity nodes whose statistics became initializers of their own."""
     for node in index.nodes:
         proto_node = node.proto
         if node.graph != 0 or node.op_type != "BatchNormalization" or node.domain != "":
             continue
         x, scale, bias, mean, var = proto_node.input[:5]
+        for stat in (mean, var):  # TorchScript shares equal fresh statistics: each BN reads an Identity of one
+            if stat not in tensors and (source := _identity_of_initializer(proto.graph, stat, tensors)) is not None:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(source)
+                copy.name = stat
+                proto.graph.initializer.append(copy)
+                tensors[stat] = copy
+                dropped.add(stat)
         if mean not in tensors or var not in tensors:
             via = {n.proto.op_type for n in (index.producer_node(index.values[node.inputs[i]]) for i in (3, 4))
                    if n is not None}
@@ -76,13 +86,23 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
                             step.op("Mul", flat, step.const(1 - momentum, like=stat)))
             stats.append(RunningStat(stat, moved, role, read_array(tensors[stat], None).astype(np.float32)))
         replaced[node.position] = step.nodes
-    if replaced:
-        nodes = [new for at, old in enumerate(proto.graph.node) for new in replaced.get(at, [old])]
+    if replaced or dropped:
+        nodes = [new for at, old in enumerate(proto.graph.node) for new in replaced.get(at, [old])
+                 if not (new.op_type == "Identity" and new.output[0] in dropped)]
         del proto.graph.node[:]
         proto.graph.node.extend(nodes)
     for stat in stats:
         initializer_to_input(proto.graph, tensors[stat.input], TensorProto.FLOAT)
     return stats
+
+
+def _identity_of_initializer(graph: onnx.GraphProto, name: str,
+                             tensors: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The initializer that a top-level Identity making ``name`` copies, if one does."""
+    node = next((n for n in graph.node if n.output and n.output[0] == name), None)
+    if node is None or node.op_type != "Identity" or node.domain not in ("", "ai.onnx"):
+        return None
+    return tensors.get(node.input[0])
 
 
 def dropout_to_train_mode(proto: onnx.ModelProto) -> None:
