@@ -85,3 +85,24 @@ def test_train_specializes_the_step_to_its_data(tmp_path) -> None:
     assert [n.op_type for n in trained.graph.node] == [n.op_type for n in _decoder().graph.node]  # as given
     with pytest.raises(DynamicShapes, match="train specializes the step"):
         build(_decoder(), loss="mse", output="y")
+
+
+def test_shapes_onnx_cannot_infer_are_taken_from_a_run(tmp_path) -> None:
+    """scikit-learn's MLP: an ai.onnx.ml Scaler, which onnx's inference types but does not shape,
+    then MatMuls whose ranks were unknown; specialized, the step declares what a run shows."""
+    graph = helper.make_graph(
+        [helper.make_node("Scaler", ["X"], ["scaled"], domain="ai.onnx.ml", offset=[0.5] * 4, scale=[2.0] * 4),
+         helper.make_node("MatMul", ["scaled", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [numpy_helper.from_array(rng(1).normal(0, 1, (4, 3)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
+                              ir_version=8)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    np.savez(tmp_path / "d.npz", X=rng(2).normal(0, 1, (16, 4)).astype(np.float32),
+             labels=np.zeros((16, 3), np.float32))
+    with pytest.raises(DynamicShapes, match="ranks of its inputs are unknown"):
+        build(model, loss="mse", output="y")
+    assert main(["train", str(path), "--data", str(tmp_path / "d.npz"), "--loss", "mse", "--output", "y", "--lr",
+                 "1e-2", "--batch-size", "8", "--precision", "float32", "-o", str(tmp_path / "t.onnx"), "--quiet"]) == 0

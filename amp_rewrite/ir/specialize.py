@@ -32,9 +32,13 @@ _NEVER = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "Random
 """Ops not folded: random ones, Dropout (random in the step), and those with subgraphs or sequences."""
 
 
-def specialized(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], keep: set[str]) -> onnx.ModelProto:
+def specialized(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], keep: set[str],
+                observed: Mapping[str, tuple[int, np.dtype]] | None = None) -> onnx.ModelProto:
     """A copy of ``model`` with the graph inputs of ``shapes`` declared at those extents and its
-    top-level shape computations folded (the module's docstring); ``keep``: values never folded."""
+    top-level shape computations folded (the module's docstring); ``keep``: values never folded.
+    ``observed``: value name -> (shape, dtype) seen on a run at those extents, declared where
+    onnx's inference finds no static shape (ops it has no inference for: ``ai.onnx.ml``,
+    contributed ops)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
@@ -50,6 +54,10 @@ def specialized(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], kee
     except Exception as exc:  # the extents contradict the model: its own error says where
         raise UserError(f"the model cannot take the data's extents: {str(exc).splitlines()[0][:200]}") from None
     static = {v.name: _static(v) for v in (*inferred.input, *inferred.value_info, *inferred.output)}
+    seen = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+            for name, (shape, dtype) in (observed or {}).items() if static.get(name) is None]
+    inferred.value_info.extend(seen)
+    static.update((v.name, _static(v)) for v in seen)
     known = {t.name: numpy_helper.to_array(t) for t in graph.initializer
              if t.name not in keep and math.prod(t.dims) <= KNOWN_ELEMENTS}
     folded: dict[str, np.ndarray] = {}

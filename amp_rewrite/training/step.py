@@ -40,7 +40,8 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import samples
+from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import constant_weights
 from amp_rewrite.training.losses import attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
@@ -171,9 +172,11 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     kind = loss if loss in ("cross-entropy", "mse") else None
     forward, loss, labels_name = _with_loss(proto, loss, output, labels)
     if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded
-        proto = specialized(proto, {k: v for k, v in specialize.items() if k in samples.graph_inputs(proto)},
+        inputs = samples.graph_inputs(proto)
+        seen = _observed(proto, {k: v for k, v in range_data[0].items() if k in inputs}) if range_data else None
+        proto = specialized(proto, {k: v for k, v in specialize.items() if k in inputs},
                             keep={t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES
-                                  and math.prod(t.dims) >= constant_weights.MIN_ELEMENTS})
+                                  and math.prod(t.dims) >= constant_weights.MIN_ELEMENTS}, observed=seen)
         proto, _, _ = _with_loss(proto, kind or loss, output, labels)
     else:
         proto = onnx.ModelProto.FromString(forward.SerializeToString())
@@ -197,6 +200,25 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
+
+
+def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:
+    """(shape, dtype) of every top-level tensor value on a run of ``sample`` (ONNX Runtime, in a
+    child process), for the shapes onnx's inference cannot find; None where the run fails."""
+    exposed = onnx.ModelProto.FromString(model.SerializeToString())
+    outputs = {o.name for o in exposed.graph.output}
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for node in exposed.graph.node for name in node.output
+                                if name and name not in outputs)
+    names = [o.name for o in exposed.graph.output]
+
+    def work(progress) -> dict[str, tuple]:
+        found = instrument.run(instrument.session(exposed), sample, names)
+        return {k: (v.shape, v.dtype) for k, v in found.items() if isinstance(v, np.ndarray)}
+
+    try:
+        return isolated(work, "onnxruntime (the step's shapes)")
+    except Exception:  # the shapes onnx infers are all there is
+        return None
 
 
 def _with_loss(model: onnx.ModelProto, loss: str, output: str | None,
