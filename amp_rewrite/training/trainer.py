@@ -86,7 +86,9 @@ class Trainer:
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
         model = emulated(step.model) if self.emulated else step.model
         # Basic optimizations only: fusions across the casts would change the precision chosen.
-        self.session = instrument.session(model, None, provider, optimize="basic", provider_options=provider_options)
+        with instrument.refusals("the training step", provider):  # a step ONNX Runtime refuses: one line
+            self.session = instrument.session(model, None, provider, optimize="basic",
+                                              provider_options=provider_options)
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
