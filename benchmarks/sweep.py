@@ -25,6 +25,21 @@ own outputs as labels, and train-graph; it classifies each run as a result (exit
 check or validation that fails), a user error (exit 2, one message, no traceback), an internal
 error (a traceback, 'internal error', or another exit code; rerun with AMP_REWRITE_DEBUG=1 for
 its traceback) or a timeout.
+
+Whether train fine-tunes each model, in float32 and in float16 (amp-rewrite's Python as above):
+
+    python benchmarks/sweep.py finetune --models MODELS --amp .venv/bin/amp-rewrite --out RESULTS.json
+        [--only FAMILY,...] [--match NAME,...] [--jobs 2] [--timeout 300] [--epochs 4] [--lr 1e-3]
+
+Per model, data it can learn (``_ft_data``): its sample repeated to 32 samples (float inputs perturbed,
+integer ones such as token ids as they are), labels = the float32 model's first float output on them
++ a fixed random offset per output element (0.5 x its std, at least 0.01, x noise), then per precision
+``train --loss mse --output OUTPUT --lr 1e-3`` (4 epochs, batch 8, or the sample's batch for a model
+with a fixed one; --batch-axis for an output whose batch axis is not 0) and ONNX Runtime's mse of the
+original and of the trained model against the labels. Classes: trained (exit 0, the trained model's
+mse lower), not improved (exit 0, not lower), refused (exit 2, one message), crashed (a traceback,
+another exit code, a timeout, or a trained model ONNX Runtime cannot run), skipped (no per-sample
+float output to build labels from, or ONNX Runtime cannot run the original).
 """
 
 from __future__ import annotations
@@ -740,6 +755,28 @@ _ELEM = {1: np.float32, 10: np.float16, 11: np.float64, 6: np.int32, 7: np.int64
          3: np.int8, 8: np.str_}
 
 
+def _sample(m, model: Path) -> dict[str, np.ndarray]:
+    """The exported sample beside ``model`` (its ModelProto ``m``), or generated inputs: fixed extents as
+    declared, a free or zero one 2 on the first axis and 8 elsewhere."""
+    side = model.with_suffix(".sample.npz")
+    if side.exists():
+        return dict(np.load(side))
+    inits = {t.name for t in m.graph.initializer}
+    rng = np.random.default_rng(0)
+    sample = {}
+    for i in (i for i in m.graph.input if i.name not in inits):
+        t = i.type.tensor_type
+        shape = [d.dim_value if d.dim_value > 0 else (2 if k == 0 else 8) for k, d in enumerate(t.shape.dim)]
+        dtype = _ELEM.get(t.elem_type, np.float32)
+        sample[i.name] = (rng.normal(size=shape).astype(dtype) if np.issubdtype(dtype, np.floating)
+                          else np.ones(shape, dtype) if dtype == np.bool_ else np.zeros(shape, dtype))
+    return sample
+
+
+def _float_outputs(m) -> list[str]:
+    return [o.name for o in m.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+
+
 def prepare(model: Path, work: Path) -> None:
     """``prepare MODEL WORK`` (a child: ONNX Runtime may crash): WORK/sample.npz (the exported sample, or
     generated inputs), WORK/train.npz (the sample and a ``labels`` array, the first float output of the
@@ -748,22 +785,9 @@ def prepare(model: Path, work: Path) -> None:
     import onnxruntime as ort
 
     m = onnx.load(str(model), load_external_data=False)
-    inits = {t.name for t in m.graph.initializer}
-    inputs = [i for i in m.graph.input if i.name not in inits]
-    side = model.with_suffix(".sample.npz")
-    if side.exists():
-        sample = dict(np.load(side))
-    else:  # fixed extents as declared; a free or zero one is 2 on the first axis, 8 elsewhere
-        rng = np.random.default_rng(0)
-        sample = {}
-        for i in inputs:
-            t = i.type.tensor_type
-            shape = [d.dim_value if d.dim_value > 0 else (2 if k == 0 else 8) for k, d in enumerate(t.shape.dim)]
-            dtype = _ELEM.get(t.elem_type, np.float32)
-            sample[i.name] = (rng.normal(size=shape).astype(dtype) if np.issubdtype(dtype, np.floating)
-                              else np.ones(shape, dtype) if dtype == np.bool_ else np.zeros(shape, dtype))
+    sample = _sample(m, model)
     np.savez(work / "sample.npz", **sample)
-    floats = [o.name for o in m.graph.output if o.type.tensor_type.elem_type in (1, 10, 11, 16)]
+    floats = _float_outputs(m)
     meta = {"float_output": floats[0] if floats else m.graph.output[0].name, "ran": False,
             "scalar_output": next((o.name for o in m.graph.output if o.type.HasField("tensor_type")
                                    and o.type.tensor_type.HasField("shape")
@@ -896,6 +920,15 @@ def summarize(rows: list[dict]) -> None:
         print(f"  [{r['class']}] {r['model']} {r['subcommand']} (exit {r['exit']}, {r['seconds']} s): {msg[:300]}")
 
 
+def _corpus(root: Path, keep) -> list[Path]:
+    """The models under ``root`` whose relative path ``keep`` keeps, round robin over the exporters: a
+    partial sweep covers them all."""
+    models = [m for m in sorted(root.rglob("*.onnx")) if keep(m.relative_to(root))]
+    seen: dict[Path, int] = {}
+    order = {m: (seen.setdefault(m.parent, 0), seen.update({m.parent: seen[m.parent] + 1}))[0] for m in models}
+    return sorted(models, key=lambda m: (order[m], str(m)))
+
+
 def sweep(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="sweep.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=Path, required=True)
@@ -911,26 +944,231 @@ def sweep(argv: list[str]) -> None:
     if unknown:
         p.error(f"unknown subcommands {sorted(unknown)}; known: {', '.join(SUBCOMMANDS)}")
     root = a.models.resolve()
-    models = [m for m in sorted(root.rglob("*.onnx")) if any(s in str(m.relative_to(root)) for s in a.match.split(","))]
-    seen: dict[Path, int] = {}  # round robin over the exporters: a partial sweep covers them all
-    order = {m: (seen.setdefault(m.parent, 0), seen.update({m.parent: seen[m.parent] + 1}))[0] for m in models}
-    models.sort(key=lambda m: (order[m], str(m)))
+    models = _corpus(root, lambda rel: any(s in str(rel) for s in a.match.split(",")))
+    print(f"{len(models)} models, {len(only)} subcommands, {a.jobs} at once", flush=True)
+    _over_corpus(a, root, models, lambda model: sweep_model(model, root, a.amp, only, a.timeout), summarize)
+
+
+def _over_corpus(a, root: Path, models: list[Path], work, summary) -> None:
+    """``work`` on each model (``a.jobs`` at once), its rows appended to OUT.partial.jsonl as they come,
+    then all of them written to ``a.out`` and summarized."""
     partial = a.out.with_suffix(".partial.jsonl")
     partial.write_text("")
 
     def one(model: Path) -> list[dict]:
-        rows = sweep_model(model, root, a.amp, only, a.timeout)
+        rows = work(model)
         with partial.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         return rows
-    print(f"{len(models)} models, {len(only)} subcommands, {a.jobs} at once", flush=True)
     start = time.perf_counter()
     with ThreadPoolExecutor(a.jobs) as pool:
         rows = [r for rs in pool.map(one, models) for r in rs]
     a.out.write_text(json.dumps({"amp": a.amp, "models": str(root), "seconds": round(time.perf_counter() - start),
                                  "runs": rows}, indent=1))
-    summarize(rows)
+    summary(rows)
     print(f"\n{len(rows)} runs in {time.perf_counter() - start:.0f} s; wrote {a.out}")
+
+
+# ---------------------------------------------------------------------------------------------- finetune
+# Whether `train` fine-tunes each model on data it can learn; amp-rewrite's Python, amp-rewrite in subprocesses.
+
+FT_PRECISIONS = ("float32", "float16")
+FT_SAMPLES = 32
+FT_MIN_STD = 0.01
+"""The labels' offset is 0.5 x the output's std x noise, the std at least this: a random-weight model
+whose output is constant (features that vanish, a uniform softmax) gets an offset it can learn, not one of 1e-10."""
+FT_CLASSES = ("trained", "not improved", "refused", "crashed", "skipped")
+
+
+def _ft_run(model: Path, data: dict, meta: dict) -> np.ndarray:
+    """``meta['output']`` of ``model`` on ``data``, one sample-sized chunk at a time (a fixed batch runs
+    too), joined on the output's batch axis."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    k = meta["chunk"]
+    feeds = [{i.name: data[i.name] if np.ndim(data[i.name]) == 0 else data[i.name][s:s + k]
+              for i in sess.get_inputs()} for s in range(0, meta["samples"], k)]
+    return np.concatenate([sess.run([meta["output"]], f)[0] for f in feeds], axis=meta["axis"])
+
+
+def _mse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+
+
+def ft_data(model: Path, work: Path) -> None:
+    """``ft-data MODEL WORK`` (a child): WORK/data.npz and WORK/ft.json (see ``_ft_data``)."""
+    (work / "ft.json").write_text(json.dumps(_ft_data(model, work)))
+
+
+def _ft_data(model: Path, work: Path) -> dict:
+    """WORK/data.npz: the sample repeated to FT_SAMPLES samples (float inputs perturbed after the first
+    copy, integer ones as they are) with ``labels`` = the float32 model's first float output + a fixed
+    offset per output element (0.5 std x noise, the same for every sample: learnable; FT_MIN_STD). Returns that
+    output, its batch axis (the one that grows with a doubled batch), the batch size (8, or the sample's
+    where a doubled one does not run) and the original model's mse; or why there is no data ({"skip": ...})."""
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(str(model), load_external_data=False)
+    sample, floats = _sample(m, model), _float_outputs(m)
+    batched = [v for v in sample.values() if np.ndim(v)]
+    if not floats or not batched:
+        return {"skip": "no float output" if not floats else "no input with a batch axis"}
+    out, chunk = floats[0], len(batched[0])
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    one = sess.run([out], sample)[0]
+    try:
+        two = sess.run([out], {k: np.concatenate([v, v]) if np.ndim(v) else v for k, v in sample.items()})[0]
+        doubled = [a for a in range(one.ndim) if two.shape[a] == 2 * one.shape[a]]
+    except Exception:  # a fixed batch
+        doubled = []
+    if len(doubled) > 1:  # CLIP's logits_per_image [batch, batch]: no labels per sample
+        return {"skip": f"output {out}: axes {doubled} grow with the batch"}
+    copies, rng = -(-FT_SAMPLES // chunk), np.random.default_rng(0)
+
+    def copy(v: np.ndarray) -> np.ndarray:
+        if not np.issubdtype(v.dtype, np.floating):
+            return v
+        return (v + 0.1 * (np.std(v, dtype=np.float64) or 1) * rng.normal(size=v.shape)).astype(v.dtype)
+    data = {k: np.concatenate([v] + [copy(v) for _ in range(copies - 1)]) if np.ndim(v) else v
+            for k, v in sample.items()}
+    meta = {"output": out, "axis": doubled[0] if doubled else 0, "batch": 8 if doubled else chunk, "chunk": chunk,
+            "samples": chunk * copies}
+    try:
+        outs = _ft_run(model, data, meta)
+    except ValueError as exc:  # concatenate: the chunks' outputs differ in shape
+        return {"skip": f"outputs of different shapes: {str(exc)[:200]}"}
+    if outs.shape[meta["axis"]] != meta["samples"]:
+        return {"skip": f"output {out} {list(outs.shape)} has no batch axis (its sample has {chunk})"}
+    if not np.isfinite(outs).all():
+        return {"skip": f"output {out} not finite"}
+    shape = [1 if a == meta["axis"] else n for a, n in enumerate(outs.shape)]
+    std = max(float(np.std(outs, dtype=np.float64)), FT_MIN_STD)
+    labels = (outs + 0.5 * std * np.random.default_rng(1).normal(size=shape)).astype(outs.dtype)
+    np.savez(work / "data.npz", **data, labels=labels)
+    return {**meta, "std": std, "mse_original": _mse(outs, labels)}
+
+
+def ft_mse(work: Path, model: Path) -> None:
+    """``ft-mse WORK MODEL`` (a child): prints the mse of MODEL's output against WORK's labels."""
+    data = dict(np.load(work / "data.npz"))
+    print(json.dumps(_mse(_ft_run(model, data, json.loads((work / "ft.json").read_text())), data["labels"])))
+
+
+def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: int, lr: str) -> list[dict]:
+    """Data for one model, then train in each precision and the trained model's mse, in a scratch directory."""
+    rel = str(model.relative_to(root))
+    base = {"model": rel, "exporter": rel.split("/")[0]}
+    with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
+        work = Path(tmp)
+        code, _, err, _ = run_one([sys.executable, __file__, "ft-data", str(model), tmp], timeout)
+        meta = json.loads((work / "ft.json").read_text()) if code == 0 else {
+            "skip": f"data (exit {code}): " + (err.strip().splitlines() or [""])[-1][:200]}
+        if "skip" in meta:
+            print(f"{'skipped':12} {rel}: {meta['skip']}", flush=True)
+            return [{**base, "precision": p, "class": "skipped", "message": meta["skip"]} for p in FT_PRECISIONS]
+        rows = []
+        for p in FT_PRECISIONS:
+            trained, report = work / f"trained-{p}.onnx", work / f"report-{p}.json"
+            cmd = [amp, "train", str(model), "--data", str(work / "data.npz"), "--loss", "mse", "--output",
+                   meta["output"], "--labels", "labels", "--epochs", str(epochs), "--batch-size", str(meta["batch"]),
+                   "--lr", lr, "--precision", p, "--report", str(report), "-o", str(trained), "--quiet"]
+            cmd += ["--batch-axis", f"labels:{meta['axis']}"] if meta["axis"] else []
+            code, out, err, secs = run_one(cmd, timeout)
+            lines = [ln for ln in err.strip().splitlines() if ln.strip()] or out.strip().splitlines()[-3:]
+            row = {**base, "precision": p, "cmd": shlex.join(cmd).replace(tmp, "$WORK"), "exit": code,
+                   "seconds": round(secs, 2), "batch": meta["batch"], "std": meta["std"],
+                   "mse_original": meta["mse_original"]}
+            if code == 0 and "Traceback" not in err:
+                rep = json.loads(report.read_text())
+                row.update(first_loss=rep["epochs"][0]["loss"], last_loss=rep["epochs"][-1]["loss"],
+                           steps=rep["steps"], skipped_steps=len(rep["skipped_steps"]))
+                c2, o2, e2, _ = run_one([sys.executable, __file__, "ft-mse", tmp, str(trained)], timeout)
+                if c2 == 0:
+                    row["mse_trained"] = json.loads(o2.strip().splitlines()[-1])
+                    row["class"] = "trained" if row["mse_trained"] < meta["mse_original"] else "not improved"
+                else:
+                    row.update({"class": "crashed", "stderr": ["evaluating the trained model:",
+                                                               *e2.strip().splitlines()[-5:]]})
+            elif code == 2 and "Traceback" not in err:
+                row.update({"class": "refused", "message": lines[-1] if lines else ""})
+            else:
+                row.update({"class": "crashed", "stderr": [f"timeout after {timeout:.0f} s"] if code is None
+                            else lines[-8:]})
+                if code is not None and "Traceback" not in err:  # its traceback, for the report
+                    row["traceback"] = run_one(cmd, timeout, debug=True)[2].strip().splitlines()[-15:]
+            rows.append(row)
+            extra = (f"mse {meta['mse_original']:.4g} -> {row['mse_trained']:.4g}" if "mse_trained" in row
+                     else (row.get("message") or row.get("stderr", [""])[-1])[:150])
+            print(f"{row['class']:12} {secs:6.1f}s {rel} {p}: {extra}", flush=True)
+    return rows
+
+
+def ft_summarize(rows: list[dict]) -> None:
+    """The table per precision, refusals grouped by message, every crash, float16 against float32."""
+    print(f"\n{'precision':10}" + "".join(f"{c:>14}" for c in FT_CLASSES))
+    for p in FT_PRECISIONS:
+        print(f"{p:10}" + "".join(f"{sum(r['class'] == c and r['precision'] == p for r in rows):>14}"
+                                  for c in FT_CLASSES))
+    for cls, key in (("refused", "message"), ("skipped", "message")):
+        groups: dict[str, list[str]] = {}
+        for r in rows:
+            if r["class"] == cls:
+                groups.setdefault(r[key].removeprefix("amp-rewrite: error: ")[:80], []).append(
+                    f"{r['model']} {r['precision']}")
+        print(f"\n{cls}, by message:")
+        for msg, who in sorted(groups.items(), key=lambda g: -len(g[1])):
+            print(f"  {len(who):3}  {msg}\n        {', '.join(who)}")
+    for p in FT_PRECISIONS:
+        gains = sorted(r["mse_trained"] / r["mse_original"] for r in rows if r["class"] == "trained"
+                       and r["precision"] == p)
+        if gains:
+            print(f"\n{p} trained: mse trained/original median {gains[len(gains) // 2]:.3g}, "
+                  f"marginal (above 0.99): {sum(g > 0.99 for g in gains)}")
+    worse = [r for r in rows if r["class"] == "not improved"]
+    print(f"\nnot improved: {len(worse)}, of which the epoch loss fell (first epoch > last): "
+          f"{sum(r['first_loss'] > r['last_loss'] for r in worse)}; the first epoch's loss >1% above the original "
+          f"mse (overshoot): {sum(r['first_loss'] > 1.01 * r['mse_original'] for r in worse)}")
+    for r in worse:
+        print(f"  {r['model']} {r['precision']}: mse {r['mse_original']:.4g} -> {r['mse_trained']:.4g}, "
+              f"epoch loss {r['first_loss']:.4g} -> {r['last_loss']:.4g}, skipped steps {r['skipped_steps']}")
+    crashes = [r for r in rows if r["class"] == "crashed"]
+    print(f"\n{len(crashes)} crashes:")
+    for r in crashes:
+        print(f"  {r['model']} {r['precision']} (exit {r['exit']}, {r['seconds']} s)\n    {r['cmd']}",
+              *(f"    | {ln}" for ln in (r.get("traceback") or r["stderr"])[-6:]), sep="\n")
+    by = {(r["model"], r["precision"]): r for r in rows}
+    pairs = [(m, by[m, "float32"], by[m, "float16"]) for m, p in by if p == "float32" and (m, "float16") in by
+             and by[m, "float32"]["class"] == by[m, "float16"]["class"] == "trained"]
+    ratios = [(m, b["mse_trained"] / a["mse_trained"]) for m, a, b in pairs if a["mse_trained"] > 0]
+    print(f"\nfloat16 vs float32, both trained: {len(pairs)} models; final own-mse ratio float16/float32 "
+          f"within 10%: {sum(abs(x - 1) <= 0.1 for _, x in ratios)}, float16 worse by >10%: "
+          f"{sum(x > 1.1 for _, x in ratios)}, better by >10%: {sum(x < 0.9 for _, x in ratios)}")
+    for m, x in sorted(ratios, key=lambda t: -abs(t[1] - 1)):
+        if abs(x - 1) > 0.1:
+            print(f"  {x:8.3f}  {m}")
+
+
+def finetune(argv: list[str]) -> None:
+    """``finetune``: whether train fine-tunes each model, in float32 and in float16 (see the module's docstring)."""
+    p = argparse.ArgumentParser(prog="sweep.py finetune", description=finetune.__doc__)
+    p.add_argument("--models", type=Path, required=True)
+    p.add_argument("--amp", default=shutil.which("amp-rewrite") or "amp-rewrite")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", default="", help="only these exporter families (comma-separated)")
+    p.add_argument("--match", default="", help="only models whose path contains one of these (comma-separated)")
+    p.add_argument("--jobs", type=int, default=2, help="models at once")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per train")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", default="1e-3")
+    a = p.parse_args(argv)
+    root = a.models.resolve()
+    models = _corpus(root, lambda rel: (not a.only or rel.parts[0] in a.only.split(","))
+                     and any(s in str(rel) for s in a.match.split(",")))
+    print(f"{len(models)} models, {a.jobs} at once", flush=True)
+    _over_corpus(a, root, models, lambda model: finetune_model(model, root, a.amp, a.timeout, a.epochs, a.lr),
+                 ft_summarize)
 
 
 if __name__ == "__main__":
@@ -938,5 +1176,11 @@ if __name__ == "__main__":
         export(sys.argv[2:])
     elif sys.argv[1:2] == ["prepare"]:
         prepare(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["finetune"]:
+        finetune(sys.argv[2:])
+    elif sys.argv[1:2] == ["ft-data"]:
+        ft_data(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:2] == ["ft-mse"]:
+        ft_mse(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         sweep(sys.argv[1:])
