@@ -1063,8 +1063,9 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
         work = Path(tmp)
         code, _, err, _ = run_one([sys.executable, __file__, "ft-data", str(model), tmp], timeout)
+        said = err.strip().splitlines() or [""]
         meta = json.loads((work / "ft.json").read_text()) if code == 0 else {
-            "skip": f"data (exit {code}): " + (err.strip().splitlines() or [""])[-1][:200]}
+            "skip": f"data (exit {code}): " + next((ln for ln in reversed(said) if "Error" in ln), said[-1])[:200]}
         if "skip" in meta:
             print(f"{'skipped':12} {rel}: {meta['skip']}", flush=True)
             return [{**base, "precision": p, "class": "skipped", "message": meta["skip"]} for p in FT_PRECISIONS]

@@ -274,3 +274,15 @@ def test_inputs_with_samples_on_another_axis_and_inputs_fed_whole(tmp_path):
     assert np.allclose(trained, w, atol=0.05), trained
     assert main([*args, "--batch-axis", "state:3"]) == 2
     assert main([*args, "--batch-axis", "nothing:1"]) == 2
+
+
+def test_a_model_with_a_fixed_batch_of_one_trains_and_its_loss_is_checked_at_that_batch(files):
+    """onnx's light models declare batch 1: the loss check ran 32 samples at once and was refused."""
+    folder, path, data = files
+    model = onnx.load(path)
+    for info in (*model.graph.input, *model.graph.output):
+        info.type.tensor_type.shape.dim[0].ClearField("dim_param")
+        info.type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(model, path)
+    assert main(_train_args(path, data, folder / "t.onnx", "--batch-size", "1", "--lr", "0.01",
+                            "--precision", "float32")) == 0

@@ -209,7 +209,7 @@ class Trainer:
         if best is not None:
             self.load(best[2])
             history.best_epoch = best[1]
-        self.check_loss(data)
+        self.check_loss(data, batch_size)  # one batch: a model may take no other extent
         return history
 
     def _fits(self, batch: Mapping[str, np.ndarray]) -> bool:
