@@ -43,7 +43,7 @@ from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import constant_weights
-from amp_rewrite.training.losses import attach_loss
+from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
 from amp_rewrite.training.scaling import LossScale, unscale, update
@@ -85,7 +85,7 @@ class StepSpec:
     optimizer: str
     loss_scale: dict = field(default_factory=dict)
     loss_kind: str | None = None
-    """The standard loss attached ("cross-entropy", "mse"), None where the model's own output is the loss."""
+    """The standard loss attached (one of ``LOSSES``), None where the model's own output is the loss."""
     loss_output: str | None = None
     """The model output a standard loss applies to."""
     extents: dict[str, list[int]] | None = None
@@ -167,9 +167,9 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
-    if loss in ("cross-entropy", "mse") and output is None:
+    if loss in LOSSES and output is None:
         raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
-    kind = loss if loss in ("cross-entropy", "mse") else None
+    kind = loss if loss in LOSSES else None
     forward, loss, labels_name = _with_loss(proto, loss, output, labels)
     if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded
         inputs = samples.graph_inputs(proto)
@@ -226,7 +226,7 @@ def _with_loss(model: onnx.ModelProto, loss: str, output: str | None,
     """(a copy of ``model`` ready to differentiate, with ``loss`` attached where it is a standard
     one; the loss's name; the labels' name or None)."""
     proto = differentiable(onnx.ModelProto.FromString(model.SerializeToString()))
-    if loss not in ("cross-entropy", "mse"):
+    if loss not in LOSSES:
         return proto, loss, None
     attached = attach_loss(proto, loss, output, labels)
     return proto, attached.loss, attached.labels
