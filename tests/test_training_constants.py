@@ -106,3 +106,44 @@ def test_batchnorm_statistics_shared_through_identity_nodes_train_apart_and_are_
     assert set(made) == stats and not np.allclose(made["mean0"], made["mean1"])
     assert all(np.allclose(made[name], trainer.value(name)) for name in stats)
     assert [n.name for n in exported.graph.node] == [n.name for n in model.graph.node]
+
+
+def test_weights_made_by_constant_of_shape_train_and_go_back_as_constant_nodes(tmp_path) -> None:
+    """onnx's light models make every weight and BatchNormalization statistic with ConstantOfShape
+    of an initializer shape (IR 3: the shapes are inputs too): they train and are exported as
+    Constant nodes of the same names and outputs; a ConstantOfShape of a run-time shape stays."""
+    c = 3
+
+    def filled(name, dims, value, shape_input=None):
+        return helper.make_node("ConstantOfShape", [shape_input or f"{name}__SHAPE"], [name], name=f"{name}_node",
+                                value=numpy_helper.from_array(np.array([value], np.float32)))
+
+    dims = {"w": [c, c, 1, 1], "scale": [c], "bias": [c], "mean": [c], "var": [c]}
+    shapes = [numpy_helper.from_array(np.array(d, np.int64), f"{k}__SHAPE") for k, d in dims.items()]
+    nodes = [filled(k, d, v) for (k, d), v in zip(dims.items(), (0.3, 1.0, 0.0, 0.0, 1.0))]
+    nodes += [helper.make_node("Shape", ["x"], ["xs"]), filled("zeros", None, 0.0, "xs"),
+              helper.make_node("Conv", ["x", "w"], ["h"]),
+              helper.make_node("BatchNormalization", ["h", "scale", "bias", "mean", "var"], ["n"], name="bn"),
+              helper.make_node("Add", ["n", "zeros"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 4, 4])]
+    inputs += [helper.make_tensor_value_info(t.name, TensorProto.INT64, list(t.dims)) for t in shapes]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                  ["N", c, 4, 4])], shapes)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=3)
+    step = build(model, loss="mse", output="y", precision="float32")
+    assert sorted(p.input for p in step.spec.params) == ["bias", "scale", "w"]
+    assert {p.input for p in step.spec.carried if p.role in ("running_mean", "running_var")} == {"mean", "var"}
+    trainer = Trainer(step, lr=0.05)
+    x = rng(7).normal(0, 1, (16, c, 4, 4)).astype(np.float32)
+    labels = 2.0 * x + 0.5
+    epochs = trainer.fit({"x": x, "labels": labels}, epochs=4, batch_size=8, progress=False).epochs
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    exported = trainer.with_weights(step.original)
+    assert [(n.name, list(n.output)) for n in exported.graph.node] == [(n.name, list(n.output)) for n in nodes]
+    made = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in exported.graph.node
+            if n.op_type == "Constant"}
+    assert set(made) == set(dims) and all(np.allclose(made[k], trainer.value(k)) for k in dims)
+    assert made["w"].shape == tuple(dims["w"]) and not np.allclose(made["w"], 0.3)
+    assert [n.op_type for n in exported.graph.node if n.name == "zeros_node"] == ["ConstantOfShape"]
+    out = ort_run(exported, {"x": x}, ["y"])["y"]
+    assert np.mean((out - labels) ** 2) < np.mean((ort_run(model, {"x": x}, ["y"])["y"] - labels) ** 2)

@@ -100,6 +100,9 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     group.add_argument("--clip-norm", type=float, metavar="N",
                        help="clip the gradients' global L2 norm to N (in the graph, in float32, after unscaling)")
+    group.add_argument("--accumulate", type=int, default=1, metavar="N",
+                       help="sum the gradients of N micro-batches (steps of --batch-size) into one update: the "
+                            "update of a batch N times larger, in the memory of one")
     group.add_argument("--loss-scale", metavar="dynamic|none|N",
                        help="dynamic loss scaling (the default for float16), none (the default otherwise), "
                             "or a static scale")

@@ -38,8 +38,8 @@ def add_parser(commands) -> None:
                                                  f"a pretrained model without wrecking it)")
     parser.add_argument("--schedule", choices=KINDS, default="constant",
                         help="learning-rate schedule over the steps: constant, cosine (to 0 at the last step) or step")
-    parser.add_argument("--warmup-steps", type=int, default=0, help="steps of linear warm-up first")
-    parser.add_argument("--step-size", type=int, default=0, help="step schedule: steps between two decays")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="updates of linear warm-up first")
+    parser.add_argument("--step-size", type=int, default=0, help="step schedule: updates between two decays")
     parser.add_argument("--gamma", type=float, default=0.1, help="step schedule: the decay factor")
     parser.add_argument("--batch-axis", dest="batch_axes", action="append", default=[], metavar="NAME:AXIS",
                         help="the sample axis of an input or the labels, where it is not 0 (a recurrent state "
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     batching = Batching.parse(args.batch_axes, args.fixed)
     step = build_step(args, [_first_batch(train, batching, args.batch_size)])
     train = _checked(step, train, args.data, batching)
-    steps = args.epochs * math.ceil(batching.count(train, step.spec.data) / args.batch_size)
-    schedule = Schedule(args.schedule, args.warmup_steps, steps, args.step_size, args.gamma)
+    updates = args.epochs * math.ceil(batching.count(train, step.spec.data) / args.batch_size) // args.accumulate
+    schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)
     evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,

@@ -53,13 +53,17 @@ class LossScale:
         return self.mode != "none"
 
 
-def unscale(b: GraphBuilder, grads: list[str], scale: str) -> tuple[list[str], str]:
-    """(gradients divided by the scale, a bool scalar: some gradient is inf or NaN)."""
+def unscale(b: GraphBuilder, grads: list[str], scale: str) -> list[str]:
+    """The gradients divided by the scale."""
     inverse = b.op("Reciprocal", scale)
-    unscaled = [b.op("Mul", g, inverse) for g in grads]
-    sums = [b.axes_op("ReduceSum", g, None, keepdims=0) for g in unscaled]
+    return [b.op("Mul", g, inverse) for g in grads]
+
+
+def non_finite(b: GraphBuilder, grads: list[str]) -> str:
+    """A bool scalar: some gradient is inf or NaN."""
+    sums = [b.axes_op("ReduceSum", g, None, keepdims=0) for g in grads]
     total = sums[0] if len(sums) == 1 else b.op("Sum", *sums)
-    return unscaled, b.op("Or", b.op("IsNaN", total), b.op("IsInf", total))
+    return b.op("Or", b.op("IsNaN", total), b.op("IsInf", total))
 
 
 def update(b: GraphBuilder, config: LossScale, scale: str, clean: str, found_inf: str) -> tuple[str, str]:

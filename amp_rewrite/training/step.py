@@ -43,10 +43,11 @@ from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import constant_weights
+from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
-from amp_rewrite.training.scaling import LossScale, unscale, update
+from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
 
 PRECISIONS = ("float16", "bfloat16", "float32")
 LR, WEIGHT_DECAY = "lr", "weight_decay"
@@ -90,6 +91,8 @@ class StepSpec:
     """The model output a standard loss applies to."""
     extents: dict[str, list[int]] | None = None
     """The data extents a specialized step takes (``build(specialize=...)``); None: any."""
+    accumulate: int = 1
+    """The micro-batches (steps) that make one update (``accumulation``)."""
 
     @property
     def params(self) -> list[Carried]:
@@ -120,7 +123,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
           batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
           train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
-          specialize: Mapping[str, Sequence[int]] | None = None) -> TrainingStep:
+          specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1) -> TrainingStep:
     """The training step of ``model``. ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
@@ -137,7 +140,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     is clipped to it, in the graph, in float32, after unscaling. ``specialize``: input name ->
     extents: the step is built for those (``ir.specialize``: shapes computed at run time folded
     to constants), and takes batches of them only; where a rule needs static shapes and
-    ``range_data`` is given, the step is specialized to its first sample's extents by itself."""
+    ``range_data`` is given, the step is specialized to its first sample's extents by itself.
+    ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``)."""
     arguments = dict(locals())
     try:
         return _build(**arguments)
@@ -151,8 +155,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
 
 
 def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, output, labels, batchnorm,
-           range_data, train, freeze, clip_norm, specialize) -> TrainingStep:
+           range_data, train, freeze, clip_norm, specialize, accumulate) -> TrainingStep:
     """``build``'s work, for given extents or none."""
+    accumulate = validated(accumulate)
     if clip_norm is not None and not clip_norm > 0:
         raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
     if batchnorm not in ("train", "freeze"):
@@ -192,13 +197,13 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
-    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm)
+    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
-                    if specialize is not None else None)
+                    if specialize is not None else None, accumulate=accumulate)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
 
 
@@ -312,54 +317,70 @@ class _Assembled:
 
 
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
-              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None) -> _Assembled:
+              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None,
+              accumulate: int) -> _Assembled:
     graph = proto.graph
-    scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"]
+    scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"] + ([COUNT] if accumulate > 1 else [])
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
-    clash = [n for n in scalar_inputs if n in taken]
+    sums = [f"{param}.{SUM_ROLE}" for param in params] if accumulate > 1 else []
+    clash = [n for n in scalar_inputs + sums if n in taken]
     if clash:
         raise UserError(f"the model already has values named {', '.join(clash)}: rename them to train it")
     graph.input.extend(helper.make_tensor_value_info(n, FLOAT, []) for n in scalar_inputs)
+    graph.input.extend(helper.make_tensor_value_info(s, FLOAT, list(initial[p].shape)) for s, p in zip(sums, params))
     backprop = add_backward(proto, loss, params, seed="loss_scale")
     b = backprop.builder
-    for name in scalar_inputs:
+    for name in scalar_inputs + sums:
         b.types[name] = FLOAT
     grads = [b.op("Cast", backprop.grads[p], to=FLOAT) if b.types[backprop.grads[p]] != FLOAT
              else backprop.grads[p] for p in params]
     if scaling.checks:
-        grads, found_inf = unscale(b, grads, "loss_scale")
-    else:
-        found_inf = b.const(np.array(False))
+        grads = unscale(b, grads, "loss_scale")
+    window = accumulated(b, grads, sums, accumulate) if accumulate > 1 else None
+    grads = window.grads if window else grads
+    found_inf = non_finite(b, grads) if scaling.checks else b.const(np.array(False))
+    # whether the step keeps the weights, states and step count: a window still summed, or inf/NaN
+    hold = b.op("Or", b.op("Not", window.apply), found_inf) if window else found_inf
     if clip_norm is not None:
         grads = clipped_by_global_norm(b, grads, clip_norm)
     taking = b.op("Add", "step", b.const(1.0, like="step"))
     hyper = Hyper(LR, WEIGHT_DECAY, taking)
     carried, values, outputs = [], dict(initial), {}
+    keeps = scaling.checks or window is not None
     for param, grad in zip(params, grads):
         states = [f"{param}.{s}" for s in opt.states]
         new_param, new_states = opt.update(b, param, grad, states, hyper)
         for old, new, role in ((param, new_param, "param"), *zip(states, new_states, opt.states)):
-            outputs[old] = b.op("Where", found_inf, old, new) if scaling.checks else new
+            outputs[old] = b.op("Where", hold, old, new) if keeps else new
             carried.append(Carried(old, "", list(initial[param].shape), role=role,
                                    of=None if role == "param" else param))
             if role != "param":
                 values[old] = np.zeros_like(initial[param])
                 graph.input.append(helper.make_tensor_value_info(old, FLOAT, list(initial[param].shape)))
-    for stat in running:  # a skipped step keeps the old statistics too
+    for param, name, value in zip(params, sums, window.sums if window else []):
+        outputs[name] = value
+        carried.append(Carried(name, "", list(initial[param].shape), role=SUM_ROLE, of=param))
+        values[name] = np.zeros_like(initial[param])
+    for stat in running:  # a step with inf/NaN gradients keeps the old statistics too
         moved = stat.output if b.types.get(stat.output) == FLOAT else b.op("Cast", stat.output, to=FLOAT)
         outputs[stat.input] = b.op("Where", found_inf, stat.input, moved) if scaling.checks else moved
         carried.append(Carried(stat.input, "", list(stat.value.shape), role=stat.role))
-    next_step = b.op("Where", found_inf, "step", taking)
+    next_step = b.op("Where", hold, "step", taking) if keeps else taking
     if scaling.mode == "dynamic":
         scaling_state = update(b, scaling, "loss_scale", "clean_steps", found_inf)
+        if window:  # the scale changes once a window, when it is applied
+            scaling_state = tuple(b.op("Where", window.apply, new, old)
+                                  for new, old in zip(scaling_state, ("loss_scale", "clean_steps")))
     else:
         scaling_state = ("loss_scale", "clean_steps")
-    for name, value, role in (("loss_scale", scaling_state[0], "scale"), ("clean_steps", scaling_state[1],
-                                                                          "clean_steps"), ("step", next_step, "step")):
+    scalars = [("loss_scale", scaling_state[0], "scale"), ("clean_steps", scaling_state[1], "clean_steps"),
+               ("step", next_step, "step")] + ([(COUNT, window.count, COUNT_ROLE)] if window else [])
+    for name, value, role in scalars:
         outputs[name] = value
         carried.append(Carried(name, "", [], role=role))
         values[name] = np.array(scaling.init if name == "loss_scale" else 0.0, np.float32)
-    skipped = b.op("Identity", found_inf, outputs=[b.names.fresh("skipped")])
+    skipped = b.op("Identity", b.op("And", window.apply, found_inf) if window else found_inf,
+                   outputs=[b.names.fresh("skipped")])
     graph.node.extend(b.nodes)
     for item in carried:
         item.output = b.names.fresh(f"{item.input}.next")

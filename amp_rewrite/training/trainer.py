@@ -30,6 +30,7 @@ from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training import constant_weights
+from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.schedules import Schedule
@@ -141,8 +142,9 @@ class Trainer:
         return {name: self._device_value(array) for name, array in batch.items()}
 
     def value(self, name: str) -> np.ndarray:
-        """The current value of a carried input (a weight, an optimizer state, the scale)."""
-        return self._buffers[0][name].numpy()
+        """The current value of a carried input (a weight, an optimizer state, the scale), copied: the
+        step writes its buffers over in place (on the CPU, ``OrtValue.numpy`` shares them)."""
+        return self._buffers[0][name].numpy().copy()
 
     @property
     def scale(self) -> float:
@@ -182,7 +184,7 @@ class Trainer:
                 if not self._fits(batch):  # a specialized step's last, partial batch
                     continue
                 if schedule is not None:
-                    self.lr = base_lr * schedule.factor(self.steps)
+                    self.lr = base_lr * schedule.factor(self.steps // self.spec.accumulate)  # per update
                 result = self.step(batch)
                 losses.append(result.loss)
                 skipped += result.skipped
@@ -220,7 +222,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """Every carried value (weights, optimizer states, loss scale, step count), copied."""
-        return {c.input: self.value(c.input).copy() for c in self.spec.carried}
+        return {c.input: self.value(c.input) for c in self.spec.carried}
 
     def load(self, state: Mapping[str, np.ndarray]) -> None:
         """Carried values from ``state`` (``state()``, or a checkpoint's arrays): all of them, shaped as the step's."""
@@ -233,7 +235,8 @@ class Trainer:
                 raise UserError(f"the checkpoint's {carried.input!r} has shape {list(value.shape)}, the step's "
                                 f"{carried.shape}: it was written for another model")
             self._buffers[0][carried.input] = self._device_value(value)
-        self.steps = int(np.asarray(state["step"])) if "step" in state else self.steps
+        if "step" in state:  # updates taken, and the micro-batches of the window being summed
+            self.steps = int(np.asarray(state["step"])) * self.spec.accumulate + int(state.get(COUNT, 0))
 
     def save(self, path: str | os.PathLike, epoch: int) -> None:
         """A checkpoint: every carried value and the epoch it ends, written whole or not at all."""
