@@ -29,17 +29,18 @@ its traceback) or a timeout.
 Whether train fine-tunes each model, in float32 and in float16 (amp-rewrite's Python as above):
 
     python benchmarks/sweep.py finetune --models MODELS --amp .venv/bin/amp-rewrite --out RESULTS.json
-        [--only FAMILY,...] [--match NAME,...] [--jobs 2] [--timeout 300] [--epochs 4] [--lr 1e-3]
+        [--only FAMILY,...] [--match NAME,...] [--jobs 2] [--timeout 300] [--epochs 4] [--lr RATE]
 
-Per model, data it can learn (``_ft_data``): its sample repeated to 32 samples (float inputs perturbed,
-integer ones such as token ids as they are), labels = the float32 model's first float output on them
-+ a fixed random offset per output element (0.5 x its std, at least 0.01, x noise), then per precision
-``train --loss mse --output OUTPUT --lr 1e-3`` (4 epochs, batch 8, or the sample's batch for a model
-with a fixed one; --batch-axis for an output whose batch axis is not 0) and ONNX Runtime's mse of the
-original and of the trained model against the labels. Classes: trained (exit 0, the trained model's
-mse lower), not improved (exit 0, not lower), refused (exit 2, one message), crashed (a traceback,
-another exit code, a timeout, or a trained model ONNX Runtime cannot run), skipped (no per-sample
-float output to build labels from, or ONNX Runtime cannot run the original).
+Per model, data it can learn (``_ft_data``): its sample repeated to 32 samples (float inputs
+perturbed, integer ones such as token ids as they are), labels = the float32 model's first float
+output on them + a fixed random offset per output element (0.5 x its std, at least 0.01, x noise),
+then per precision ``train --loss mse --output OUTPUT`` (train's default learning rate unless --lr;
+4 epochs, batch 8, or the sample's batch for a model with a fixed one; --batch-axis for an output
+whose batch axis is not 0) and ONNX Runtime's mse of the original and of the trained model against
+the labels. Classes: trained (exit 0, the trained model's mse lower), not improved (exit 0, not
+lower), refused (exit 2, one message), crashed (a traceback, another exit code, a timeout, or a
+trained model ONNX Runtime cannot run), skipped (no per-sample float output to build labels from, or
+ONNX Runtime cannot run the original).
 """
 
 from __future__ import annotations
@@ -1056,7 +1057,7 @@ def ft_mse(work: Path, model: Path) -> None:
     print(json.dumps(_mse(_ft_run(model, data, json.loads((work / "ft.json").read_text())), data["labels"])))
 
 
-def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: int, lr: str) -> list[dict]:
+def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: int, lr: str | None) -> list[dict]:
     """Data for one model, then train in each precision and the trained model's mse, in a scratch directory."""
     rel = str(model.relative_to(root))
     base = {"model": rel, "exporter": rel.split("/")[0]}
@@ -1074,7 +1075,8 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
             trained, report = work / f"trained-{p}.onnx", work / f"report-{p}.json"
             cmd = [amp, "train", str(model), "--data", str(work / "data.npz"), "--loss", "mse", "--output",
                    meta["output"], "--labels", "labels", "--epochs", str(epochs), "--batch-size", str(meta["batch"]),
-                   "--lr", lr, "--precision", p, "--report", str(report), "-o", str(trained), "--quiet"]
+                   *(["--lr", lr] if lr else []), "--precision", p, "--report", str(report), "-o", str(trained),
+                   "--quiet"]
             cmd += ["--batch-axis", f"labels:{meta['axis']}"] if meta["axis"] else []
             code, out, err, secs = run_one(cmd, timeout)
             lines = [ln for ln in err.strip().splitlines() if ln.strip()] or out.strip().splitlines()[-3:]
@@ -1162,7 +1164,7 @@ def finetune(argv: list[str]) -> None:
     p.add_argument("--jobs", type=int, default=2, help="models at once")
     p.add_argument("--timeout", type=float, default=300, help="seconds per train")
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--lr", default="1e-3")
+    p.add_argument("--lr", help="train's --lr (default: train's own default)")
     a = p.parse_args(argv)
     root = a.models.resolve()
     models = _corpus(root, lambda rel: (not a.only or rel.parts[0] in a.only.split(","))
