@@ -222,11 +222,72 @@ def test_resize_scales_symbolic_batch(attrs, scales):
     assert_close(grad, want, 2e-3, 1e-4, str(attrs))
 
 
+# -- Resize and copying Pad whose extents, sizes, scales or pads are known only at run time ----------
+@pytest.mark.parametrize("attrs", [
+    {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+    {"mode": "nearest"},
+    {"mode": "nearest", "coordinate_transformation_mode": "align_corners", "nearest_mode": "round_prefer_ceil"},
+    {"mode": "linear"},
+    {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+    {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+    {"mode": "linear", "coordinate_transformation_mode": "half_pixel_symmetric"},
+], ids=["nearest-torch", "nearest", "nearest-corners-ceil", "linear", "linear-corners", "linear-torch", "linear-sym"])
+@pytest.mark.parametrize("by", ["sizes", "scales"])
+def test_resize_to_a_run_time_shape(attrs, by):
+    """A decoder's Resize to its skip connection's spatial extents (sizes from ``Shape``), or by
+    scales fed at run time, over symbolic extents: the gradient is built from the run-time
+    extents (no static shape anywhere), checked against finite differences."""
+    x = np.random.default_rng(8).normal(0, 1, (1, 2, 3, 5))
+    skip = np.zeros((1, 1, 7, 4)) if by == "sizes" else None
+    feeds_of = {"sizes": lambda dtype: {"skip": skip.astype(dtype)},
+                "scales": lambda dtype: {"scales": np.array([1, 1, 7 / 3, 0.8], np.float32)}}[by]
+    if by == "sizes":
+        nodes = [helper.make_node("Shape", ["x"], ["xs"], end=2), helper.make_node("Shape", ["skip"], ["ss"], start=2),
+                 helper.make_node("Concat", ["xs", "ss"], ["sizes"], axis=0),
+                 helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)]
+    else:
+        nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)]
+
+    def build(elem):
+        inputs = [("skip", ["N", 1, "H2", "W2"], elem)] if by == "sizes" else [("scales", [4], F32)]
+        return _model(nodes, inputs, {"x": x}, "y", (1, 2, 7, 4), elem, opset=18)
+
+    grad = _analytic(build(F32), feeds_of(np.float32), ["x"])
+    # Resize is linear in x; the reference evaluator's Resize does not take float32 scales for float64
+    want = _numeric(build(F64), feeds_of(np.float64), ["x"], eps=0.5) if by == "sizes" else \
+        _numeric(build(F32), feeds_of(np.float32), ["x"], run=_ort, eps=0.5)
+    assert_close(grad, want, 2e-3, 1e-4, str(attrs))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("runtime", [True, False], ids=["runtime-pads", "symbolic-extents"])
+def test_copying_pad_known_at_run_time(mode, runtime):
+    """Reflect, edge and wrap Pad with pads fed at run time, or constant pads over symbolic
+    extents (an audio front end's reflect pad of a [batch, samples] signal): the gradient
+    scatters each output position's gradient onto the position it copies."""
+    x = np.random.default_rng(9).normal(0, 1, (3, 5))
+    pads = [1, 2, 2, 3]
+    extra, inputs, feeds = [], [], {}
+    if runtime:
+        inputs.append(("pads", [4], TensorProto.INT64))
+        feeds["pads"] = np.asarray(pads, np.int64)
+    else:
+        extra.append(numpy_helper.from_array(np.asarray(pads, np.int64), "pads"))
+    nodes = [helper.make_node("Identity", ["w"], ["x"]), helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)]
+    if not runtime:  # x's extents are known only at run time: it is a Reshape to a shape fed in
+        inputs.append(("shape", [2], TensorProto.INT64))
+        feeds["shape"] = np.asarray(x.shape, np.int64)
+        nodes[0] = helper.make_node("Reshape", ["w", "shape"], ["x"])
+    model = _model(nodes, inputs, {"w": x}, "y", (6, 10), F64, extra_inits=extra)
+    want = _numeric(model, feeds, ["w"], run=_ort, eps=0.5)  # the loss is linear in w
+    assert_close(_analytic(model, feeds, ["w"]), want, 1e-9, 1e-9, f"{mode} pads {pads}")
+
+
 # -- what needs static shapes says so --------------------------------------------------------------
 @pytest.mark.parametrize("node,message", [
     (helper.make_node("Conv", ["x", "W"], ["y"], name="conv_same", auto_pad="SAME_UPPER", strides=[2, 2]),
      r"Conv node 'conv_same': auto_pad=SAME_UPPER pads by the input's spatial shape, which is not static"),
-    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize_sym", mode="linear", axes=[2, 3]),
+    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="resize_sym", mode="cubic", axes=[2, 3]),
      r"Resize node 'resize_sym': it resizes to sizes but the input's extent along axis 2 is not static"),
 ], ids=["conv-same", "resize"])
 def test_symbolic_spatial_needing_static_shapes_is_a_clear_error(node, message):

@@ -3,13 +3,18 @@
 Constant padding's input gradient is GO with the padding sliced off (and zeros
 where negative pads cropped); its constant value's gradient is the sum of GO over
 the padding. Reflect, edge and wrap add each padded element's gradient back onto
-the element it copies.
+the element it copies: with constant pads and extents, slices of GO; with pads or
+extents known only at run time, a scatter-add of GO onto the positions each output
+position copies (``gathered``).
 """
 
 from __future__ import annotations
 
-from amp_rewrite.autodiff.context import SLICE_END, Context
+import numpy as np
+
+from amp_rewrite.autodiff.context import SLICE_END, Context, DynamicShapes
 from amp_rewrite.autodiff.registry import register
+from amp_rewrite.autodiff.rules.gathered import clipped, extent, positions, scattered
 
 
 @register("Pad", since=11)
@@ -25,7 +30,7 @@ def _pad(ctx: Context):
     axes = _pad_axes(ctx, rank)
     if pads is None:
         if mode != "constant":
-            raise ctx.error(f"mode {mode!r} needs constant pads", dynamic=True)
+            return {0: _uncopy_runtime(ctx, g, mode, rank, axes)} if ctx.wants(0) else {}
         kept = _unpad_runtime(ctx, g, rank)
     else:
         pads = [int(p) for p in pads.ravel()]
@@ -33,8 +38,13 @@ def _pad(ctx: Context):
         if axes is None:
             axes = list(range(n))
         begin, end = pads[:n], pads[n:]
+        if mode != "constant" and ctx.wants(0):
+            try:
+                return {0: _unpad_copies(ctx, g, mode, axes, begin, end)}
+            except DynamicShapes:  # a padded extent known only at run time
+                return {0: _uncopy_runtime(ctx, g, mode, rank, axes)}
         if mode != "constant":
-            return {0: _unpad_copies(ctx, g, mode, axes, begin, end)} if ctx.wants(0) else {}
+            return {}
         kept = _unpad_constant(ctx, g, rank, axes, begin, end)
     grads = {}
     if ctx.wants(0):
@@ -109,18 +119,17 @@ def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[
     if any(p < 0 for p in begin + end):
         raise ctx.error(f"negative pads (crops) in mode {mode!r} are not supported")
     shape = ctx.shape(ctx.I(0))
-    grad = g
-    for a, p, q in zip(axes, begin, end):
-        if p == 0 and q == 0:
-            continue
-        extent = shape[a] if shape is not None else None
-        if not isinstance(extent, int):
+    padded = [(a, p, q, shape[a] if shape is not None else None) for a, p, q in zip(axes, begin, end) if p or q]
+    for a, p, q, size in padded:  # all checked before any node is built
+        if not isinstance(size, int):
             raise ctx.error(f"mode {mode!r} needs the static extent of padded axis {a}", dynamic=True)
-        if mode == "reflect" and max(p, q) > extent - 1:
-            raise ctx.error(f"reflect pads of {max(p, q)} exceed the extent {extent} of axis {a} less one")
-        if mode == "wrap" and max(p, q) > extent:
-            raise ctx.error(f"wrap pads of {max(p, q)} exceed the extent {extent} of axis {a}")
-        grad = _unpad_axis(ctx, grad, mode, a, p, q, extent)
+        if mode == "reflect" and max(p, q) > size - 1:
+            raise ctx.error(f"reflect pads of {max(p, q)} exceed the extent {size} of axis {a} less one")
+        if mode == "wrap" and max(p, q) > size:
+            raise ctx.error(f"wrap pads of {max(p, q)} exceed the extent {size} of axis {a}")
+    grad = g
+    for a, p, q, size in padded:
+        grad = _unpad_axis(ctx, grad, mode, a, p, q, size)
     return grad
 
 
@@ -156,3 +165,30 @@ def _unpad_axis(ctx: Context, g: str, mode: str, axis: int, before: int, after: 
         if after:
             parts.append(place(cut(before + extent, SLICE_END), 0, extent - after))
     return parts[0] if len(parts) == 1 else b.op("Sum", *parts)
+
+
+def _uncopy_runtime(ctx: Context, g: str, mode: str, rank: int | None, axes: list[int] | None) -> str:
+    """The adjoint of reflect, edge and wrap padding whose pads or extents are known only at
+    run time: along each padded axis, output position ``o`` copies input position
+    ``index(o - begin)`` (edge: held within the extent; reflect: mirrored about both ends,
+    once; wrap: modulo the extent), and its gradient is added there."""
+    if mode not in ("reflect", "edge", "wrap"):
+        raise ctx.error(f"unknown Pad mode {mode!r}")
+    if rank is None:
+        raise ctx.error(f"mode {mode!r} with pads known only at run time needs its input's rank", dynamic=True)
+    b, x = ctx.b, ctx.I(0)
+    axes = list(range(rank)) if axes is None else axes
+    grad = g
+    for k, axis in enumerate(axes):
+        count = extent(b, x, axis)
+        begin = b.op("Gather", ctx.I(1), b.const(np.array(k, np.int64)), axis=0)
+        source = b.op("Sub", positions(b, extent(b, grad, axis)), begin)
+        if mode == "edge":
+            index = clipped(b, source, count)
+        elif mode == "reflect":  # |o| mirrors the leading border, last - |last - |o|| the trailing one
+            last = b.op("Sub", count, b.const(np.array(1, np.int64)))
+            index = b.op("Sub", last, b.op("Abs", b.op("Sub", last, b.op("Abs", source))))
+        else:
+            index = b.op("Mod", source, count)
+        grad = scattered(b, grad, rank, axis, count, [(index, None)])
+    return grad

@@ -4,7 +4,11 @@ Resize is linear in its input along each resized axis, so its gradient multiplie
 GO by the transposed interpolation matrix of each axis, computed at build time
 with ONNX's Resize semantics (those of the reference implementation,
 ``onnx/reference/ops/op_resize.py``): nearest (every ``nearest_mode``), linear and
-cubic, every coordinate transformation, ``scales`` or ``sizes``.
+cubic, every coordinate transformation, ``scales`` or ``sizes``. Where the extents,
+scales or sizes are known only at run time (a decoder resizing to a skip
+connection's ``Shape``), nearest and linear resizes get the same gradient from the
+graph: each output position's source coordinate computed from the run-time extents,
+its gradient added onto the input positions it reads (``gathered``).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import TensorProto
 
-from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.context import Context, DynamicShapes
 from amp_rewrite.autodiff.registry import register
+from amp_rewrite.autodiff.rules.gathered import clipped, extent, positions, scattered
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir.builder import GraphBuilder
 
 
 @register("Resize", since=11, constant=(1, 2))
@@ -28,10 +35,82 @@ def _resize(ctx: Context):
     if shape is None:
         raise ctx.error("the rank of its input is not known")
     rank = len(shape)
+    try:
+        matrices = _resize_matrices(ctx, shape)
+    except DynamicShapes as exc:
+        return {0: _resize_runtime(ctx, rank, exc)}
     grad = g
-    for axis, weights in _resize_matrices(ctx, shape):
+    for axis, weights in matrices:
         grad = _contract(ctx, grad, b.const(weights, like=g), axis, rank)
     return {0: grad}
+
+
+_RUNTIME_MODES = ("nearest", "linear")
+_NEAREST = {"round_prefer_floor": lambda b, x: b.op("Ceil", b.op("Sub", x, b.const(0.5, like=x))),
+            "round_prefer_ceil": lambda b, x: b.op("Floor", b.op("Add", x, b.const(0.5, like=x))),
+            "floor": lambda b, x: b.op("Floor", x), "ceil": lambda b, x: b.op("Ceil", x)}
+"""Each ``nearest_mode``: the input position a source coordinate reads (before clipping)."""
+
+
+def _resize_runtime(ctx: Context, rank: int, why: DynamicShapes) -> str:
+    """The input gradient of a nearest or linear Resize whose extents, scales or sizes are
+    known only at run time: per resized axis, the source coordinate of every output position
+    (``_source``, ONNX Runtime's formulas), its neighbours held within the input, their
+    weights; ``why`` is raised where the mode, transformation or attributes need more."""
+    mode, transform = ctx.attr("mode", "nearest"), ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in _RUNTIME_MODES or transform not in _SOURCES or ctx.attr("antialias", 0) or \
+            ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch" or \
+            (mode == "nearest" and ctx.attr("nearest_mode", "round_prefer_floor") not in _NEAREST):
+        raise why
+    b, x = ctx.b, ctx.I(0)
+    by_sizes = bool(ctx.I(3))
+    constant_scales = None if by_sizes else ctx.constant(2)
+    grad = ctx.GO(0)
+    for i, axis in enumerate(a % rank for a in ctx.attr("axes") or range(rank)):
+        if constant_scales is not None and math.isclose(float(constant_scales.ravel()[i]), 1.0):
+            continue  # left alone
+        count, out = extent(b, x, axis), extent(b, grad, axis)
+        inputs, outputs = (b.op("Cast", v, to=TensorProto.FLOAT) for v in (count, out))
+        scale = b.op("Div", outputs, inputs) if by_sizes else \
+            b.op("Gather", b.op("Cast", ctx.I(2), to=TensorProto.FLOAT), b.const(np.array(i, np.int64)), axis=0)
+        source = _SOURCES[transform](b, b.op("Cast", positions(b, out), to=TensorProto.FLOAT), scale, inputs,
+                                     outputs)
+        if mode == "nearest":
+            picked = _NEAREST[ctx.attr("nearest_mode", "round_prefer_floor")](b, source)
+            reads = [(clipped(b, b.op("Cast", picked, to=TensorProto.INT64), count), None)]
+        else:
+            left = b.op("Floor", source)
+            ratio = b.op("Sub", source, left)
+            first = b.op("Cast", left, to=TensorProto.INT64)
+            reads = [(clipped(b, first, count), b.op("Sub", b.const(1.0, like=ratio), ratio)),
+                     (clipped(b, b.op("Add", first, b.const(np.array(1, np.int64))), count), ratio)]
+        grad = scattered(b, grad, rank, axis, count, reads)
+    return grad
+
+
+def _half_pixel(b: GraphBuilder, y: str, scale: str, inputs: str, outputs: str) -> str:
+    return b.op("Sub", b.op("Div", b.op("Add", y, b.const(0.5, like=y)), scale), b.const(0.5, like=y))
+
+
+def _when_several(b: GraphBuilder, outputs: str, value: str) -> str:
+    """``value`` where the axis has more than one output position, else 0."""
+    return b.op("Where", b.op("Greater", outputs, b.const(1.0, like=outputs)), value, b.const(0.0, like=value))
+
+
+_SOURCES = {
+    "half_pixel": _half_pixel,
+    "pytorch_half_pixel": lambda b, y, scale, inputs, outputs: _when_several(
+        b, outputs, _half_pixel(b, y, scale, inputs, outputs)),
+    "asymmetric": lambda b, y, scale, inputs, outputs: b.op("Div", y, scale),
+    "align_corners": lambda b, y, scale, inputs, outputs: _when_several(b, outputs, b.op(
+        "Div", b.op("Mul", y, b.op("Sub", inputs, b.const(1.0, like=y))), b.op("Sub", outputs, b.const(1.0, like=y)))),
+    "half_pixel_symmetric": lambda b, y, scale, inputs, outputs: b.op("Add", b.op(
+        "Mul", b.op("Div", inputs, b.const(2.0, like=y)),
+        b.op("Sub", b.const(1.0, like=y), b.op("Div", outputs, b.op("Mul", scale, inputs)))),
+        _half_pixel(b, y, scale, inputs, outputs)),
+}
+"""Each coordinate transformation: the float32 source coordinate of output positions ``y``
+(the reference implementation's ``x_original``) from the scale and the float32 extents."""
 
 
 def _contract(ctx: Context, grad: str, weights: str, axis: int, rank: int) -> str:
