@@ -147,3 +147,27 @@ def test_weights_made_by_constant_of_shape_train_and_go_back_as_constant_nodes(t
     assert [n.op_type for n in exported.graph.node if n.name == "zeros_node"] == ["ConstantOfShape"]
     out = ort_run(exported, {"x": x}, ["y"])["y"]
     assert np.mean((out - labels) ** 2) < np.mean((ort_run(model, {"x": x}, ["y"])["y"] - labels) ** 2)
+
+
+def test_a_state_made_at_run_time_is_no_parameter_of_a_specialized_step() -> None:
+    """A zero state shaped by the batch (``ConstantOfShape(Concat(Shape(x)[0], 3))``, as a
+    recurrent layer's initial state is exported) folds to a constant when the step is
+    specialized: it is not trained, and the exported model still makes it at run time."""
+    w = numpy_helper.from_array(rng(8).normal(0, 0.5, (4, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Shape", ["x"], ["xs"], end=1),
+             helper.make_node("Concat", ["xs", "three"], ["dims"], axis=0),
+             helper.make_node("ConstantOfShape", ["dims"], ["state"], name="state_node",
+                              value=numpy_helper.from_array(np.zeros(1, np.float32))),
+             helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "state"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              [w, numpy_helper.from_array(np.array([3], np.int64), "three")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    step = build(model, loss="mse", output="y", precision="float32", specialize={"x": [8, 4]})
+    assert [p.input for p in step.spec.params] == ["w"]
+    trainer = Trainer(step, lr=0.05)
+    x = rng(9).normal(0, 1, (16, 4)).astype(np.float32)
+    trainer.fit({"x": x, "labels": x[:, :3] + 1.0}, epochs=2, batch_size=8, progress=False)
+    exported = trainer.with_weights(step.original)
+    assert [n.op_type for n in exported.graph.node] == [n.op_type for n in nodes]
+    assert ort_run(exported, {"x": x[:5]}, ["y"])["y"].shape == (5, 3)

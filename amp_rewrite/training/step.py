@@ -172,6 +172,9 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
+    # the model's own float tensors: values specialization folds (a zero recurrent state of a
+    # run-time batch) are constants of the step, never parameters
+    weights = {t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES}
     if loss in LOSSES and output is None:
         raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
     kind = loss if loss in LOSSES else None
@@ -188,7 +191,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
     running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
     dropout_to_train_mode(proto)
-    names = _selected(proto, params if params is not None else default_parameters(proto, loss), train, freeze)
+    found = [name for name in default_parameters(proto, loss) if name in weights]
+    names = _selected(proto, params if params is not None else found, train, freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
     report = None

@@ -28,6 +28,8 @@ CASES = [
     Case("Gather", {"x": X, "ids": ints([2, 0, 2])}, {"axis": 1}, id="axis-1"),
     Case("Gather", {"x": X, "ids": ints(3)}, {"axis": 2}, id="scalar-index"),
     Case("GatherElements", {"x": normal(3, 4), "ids": ints([[0, 1, 1], [2, 0, 0], [3, 3, 1]])}, {"axis": 1}),
+    Case("GatherND", {"x": normal(3, 4, 2), "ids": ints([[0, 1], [2, -1], [0, 1]])}, id="tuples-repeats"),
+    Case("GatherND", {"x": normal(3, 4), "ids": ints([[[2], [0]], [[-1], [1]]])}, id="rows"),
     Case("Expand", {"x": normal(3, 1), "shape": ints([2, 3, 4])}),
     Case("Tile", {"x": normal(2, 3), "repeats": ints([2, 3])}),
 ]

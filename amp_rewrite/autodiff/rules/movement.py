@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.context import SLICE_END, Context
 from amp_rewrite.autodiff.registry import register
 
 
@@ -143,6 +143,18 @@ def _gather(ctx: Context):
                                                                       b.ints([rank])), axis=0))
     summed = b.op("ScatterND", b.zeros_like(table), indices, updates, reduction="add")
     return {0: b.op("Transpose", summed, perm=[int(i) for i in np.argsort(front)]) if axis else summed}
+
+
+@register("GatherND", since=12)
+def _gather_nd(ctx: Context):
+    """Scatter-add GO into zeros at the gathered index tuples (negative ones counted from the end)."""
+    if ctx.attr("batch_dims", 0):
+        raise ctx.error("batch_dims other than 0 is not supported")
+    b, x, indices = ctx.b, ctx.I(0), ctx.I(1)
+    width = b.op("Slice", b.op("Shape", indices), b.ints([-1]), b.ints([SLICE_END]))
+    bounds = b.op("Slice", b.op("Shape", x), b.ints([0]), width)
+    indices = b.op("Where", b.op("Less", indices, b.ints([0])), b.op("Add", indices, bounds), indices)
+    return {0: b.op("ScatterND", b.zeros_like(x), indices, ctx.GO(0), reduction="add")}
 
 
 @register("GatherElements")
