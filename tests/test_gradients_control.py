@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
-from amp_rewrite import UserError
 from amp_rewrite.training import gradient_model
 from tests.gradcheck import analytic, assert_close, numeric
 
@@ -106,19 +106,27 @@ def test_loop_backward_reads_forward_values_instead_of_recomputing():
     assert "Tanh" not in {n.op_type for n in backward_body.node}
 
 
-def test_scan_on_the_path_is_a_clear_error():
+def test_a_scan_on_the_path_is_unrolled_and_differentiated():
+    """a_final = a0 * xs[0] * xs[1] * xs[2] (a Scan that multiplies): d/da0 is the product of
+    the rows, d/dxs[t] the product of a0 and the other rows (the Scan test module checks
+    finite differences; tests/test_scan.py)."""
     body = helper.make_graph(
         [helper.make_node("Mul", ["acc", "x_t"], ["acc_out"]), helper.make_node("Identity", ["acc_out"], ["y_t"])],
         "body", [helper.make_tensor_value_info("acc", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
         [helper.make_tensor_value_info("acc_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])])
-    inits = [numpy_helper.from_array(np.ones(2), "a0"), numpy_helper.from_array(np.ones((3, 2)) * 0.5, "xs")]
+    xs = np.array([[0.5, 2.0], [3.0, 0.25], [1.5, -1.0]])
+    inits = [numpy_helper.from_array(np.array([2.0, 3.0]), "a0"), numpy_helper.from_array(xs, "xs")]
     nodes = [helper.make_node("Scan", ["a0", "xs"], ["a_final", "ys"], body=body, num_scan_inputs=1,
                               name="the_scan"),
              helper.make_node("ReduceSum", ["a_final"], ["loss"], keepdims=0)]
     graph = helper.make_graph(nodes, "scan", [], [helper.make_tensor_value_info("loss", F, [])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(UserError, match=r"no gradient rule for Scan \(domain ai.onnx, opset 17\) at node 'the_scan'"):
-        gradient_model(model, "loss")
+    grad = gradient_model(model, "loss")
+    assert "Scan" not in {n.op_type for n in grad.graph.node}
+    got = dict(zip(["a0", "xs"], ReferenceEvaluator(grad).run(["a0_grad", "xs_grad"], {})))
+    product = xs.prod(axis=0)
+    assert np.allclose(got["a0"], product)
+    assert np.allclose(got["xs"], np.array([2.0, 3.0]) * product / xs)
 
 
 def test_a_loop_body_whose_own_constants_the_backward_reads():

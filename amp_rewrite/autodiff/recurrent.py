@@ -19,28 +19,36 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.context import DynamicShapes
+from amp_rewrite.autodiff.scan import unrolled_scan
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder
 from amp_rewrite.ir.types import typed_index
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+UNROLLED = (*GATES, "Scan")
 
 
 def unrolled(model: onnx.ModelProto) -> list[str]:
-    """Unroll the model's top-level RNN, GRU and LSTM nodes (in place); their names."""
+    """Unroll the model's top-level RNN, GRU, LSTM and Scan nodes (in place; ``scan`` unrolls
+    a Scan); their names."""
     graph = model.graph
-    if not any(n.op_type in GATES and n.domain in ("", "ai.onnx") for n in graph.node):
+    if not any(n.op_type in UNROLLED and n.domain in ("", "ai.onnx") for n in graph.node):
         return []
     index = typed_index(model)
     b = GraphBuilder.for_index(index, prefix="rnn_")
     nodes, done = [], []
     for node, indexed in zip(graph.node, (n for n in index.nodes if n.graph == 0)):
-        if node.op_type not in GATES or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in UNROLLED or node.domain not in ("", "ai.onnx"):
             nodes.append(node)
             continue
         step = b.child()
-        _Unrolling(node, step, indexed, index).build()
+        if node.op_type == "Scan":
+            shapes = {key[1]: index.values[key].shape for key in (*indexed.inputs, *indexed.outputs)
+                      if key is not None}
+            unrolled_scan(node, step, shapes, b.opset)
+        else:
+            _Unrolling(node, step, indexed, index).build()
         nodes.extend(step.nodes)
         done.append(node.name or node.output[0])
     del graph.node[:]
