@@ -58,7 +58,9 @@ CASES = [("RNN", "forward", True, False, False, 0, 0), ("RNN", "bidirectional", 
          ("GRU", "forward", True, True, False, 0, 0), ("GRU", "reverse", True, False, False, 0, 1),
          ("GRU", "bidirectional", True, True, False, 1, 1), ("GRU", "forward", True, False, True, 0, 0),
          ("LSTM", "forward", True, True, True, 0, 0), ("LSTM", "reverse", False, False, False, 0, 0),
-         ("LSTM", "bidirectional", True, True, False, 0, 0), ("LSTM", "bidirectional", True, False, False, 1, 0)]
+         ("LSTM", "bidirectional", True, True, False, 0, 0), ("LSTM", "bidirectional", True, False, False, 1, 0),
+         ("GRU", "reverse", True, True, True, 0, 0), ("LSTM", "bidirectional", True, True, True, 0, 0),
+         ("RNN", "bidirectional", True, False, True, 0, 0)]
 
 
 @pytest.mark.parametrize("op, direction, bias, initial, lengths, layout, lbr", CASES)
@@ -80,8 +82,9 @@ def test_the_unrolled_graph_computes_what_onnxruntime_computes(op, direction, bi
 
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
-def test_the_unrolled_gradients_match_finite_differences(op) -> None:
-    model = _recurrent(op, "bidirectional", initial=True)
+@pytest.mark.parametrize("lengths", [False, True], ids=["full", "sequence-lens"])
+def test_the_unrolled_gradients_match_finite_differences(op, lengths) -> None:
+    model = _recurrent(op, "bidirectional", initial=True, lengths=lengths)
     unrolled(model)
     feeds = {"x": _x()}
     weights = ["W", "R", "B", "h0"]

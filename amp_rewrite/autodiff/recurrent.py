@@ -7,9 +7,10 @@ Each top-level recurrent node whose sequence length is static (a specialized ste
 then per time step the recurrent MatMul and the gates (ONNX's equations, default activations),
 the hidden (and cell) state carried from step to step, and the outputs concatenated as the node
 gave them: ``Y`` [T, D, N, H], ``Y_h`` and ``Y_c`` [D, N, H] (batch first where ``layout`` is
-1). With ``sequence_lens`` a sample's state stops at its length and its outputs past it are zero.
-What the unrolling does not cover is one error naming it: activations other than the defaults,
-``clip``, ``input_forget``, peepholes, and reverse directions with ``sequence_lens``.
+1). With ``sequence_lens`` a sample's state changes only at the steps within its length (a
+reverse direction starts at its last one) and its outputs past it are zero. What the unrolling
+does not cover is one error naming it: activations other than the defaults, ``clip``,
+``input_forget`` and peepholes. ``unrolled`` unrolls Scan nodes too (``scan``).
 """
 
 from __future__ import annotations
@@ -75,9 +76,6 @@ class _Unrolling:
             raise UserError(f"cannot differentiate {label}: peepholes (P) are not unrolled")
         self.x, self.w, self.r, self.bias, self.lengths, self.h0 = inputs[:6]
         self.c0 = inputs[6] if self.op == "LSTM" else ""
-        if self.lengths and self.direction != "forward":
-            raise UserError(f"cannot differentiate {label}: a {self.direction} direction with sequence_lens "
-                            f"is not unrolled")
         self.hidden, self.layout = attrs["hidden_size"], attrs.get("layout", 0)
         self.lbr = attrs.get("linear_before_reset", 0)
         shape = index.values[indexed.inputs[0]].shape
