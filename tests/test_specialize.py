@@ -22,9 +22,10 @@ from tests.helpers import rng
 WEIGHTS = ["w1", "w2"]
 
 
-def _decoder() -> onnx.ModelProto:
+def _decoder(mode: str = "cubic") -> onnx.ModelProto:
     """x[N,3,H,W] -> Conv(stride 2) -> Resize to Concat(Shape(x)[:2] of the Conv, 2 x its Shape[2:]) ->
-    Conv -> y[N,2,H,W]: the Resize's sizes are computed from the map's shape."""
+    Conv -> y[N,2,H,W]: the Resize's sizes are computed from the map's shape (a cubic Resize's
+    gradient needs them static; a nearest or linear one's is built from the run-time extents)."""
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
         helper.make_node("Shape", ["c"], ["shape"]),
@@ -32,7 +33,7 @@ def _decoder() -> onnx.ModelProto:
         helper.make_node("Slice", ["shape", "two", "four"], ["spatial"]),
         helper.make_node("Mul", ["spatial", "two"], ["doubled"]),
         helper.make_node("Concat", ["lead", "doubled"], ["sizes"], axis=0),
-        helper.make_node("Resize", ["c", "", "", "sizes"], ["up"], mode="nearest"),
+        helper.make_node("Resize", ["c", "", "", "sizes"], ["up"], mode=mode),
         helper.make_node("Conv", ["up", "w2"], ["y"], pads=[1, 1, 1, 1]),
     ]
     inits = [numpy_helper.from_array(rng(1).normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w1"),
@@ -64,6 +65,11 @@ def test_the_specialized_gradients_match_finite_differences() -> None:
         gradient_model(with_loss(_decoder(), feeds), "loss", WEIGHTS)
     fixed = with_loss(specialized(_decoder(), {"x": (2, 3, 8, 8)}, keep=set(WEIGHTS)), feeds)
     directional_check(fixed, feeds, WEIGHTS)
+
+
+def test_a_nearest_resize_to_a_computed_size_needs_no_specialization() -> None:
+    feeds = {"x": _x()}
+    directional_check(with_loss(_decoder("nearest"), feeds), feeds, WEIGHTS)
 
 
 def test_train_specializes_the_step_to_its_data(tmp_path) -> None:
