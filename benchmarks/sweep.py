@@ -978,6 +978,8 @@ FT_SAMPLES = 32
 FT_MIN_STD = 0.01
 """The labels' offset is 0.5 x the output's std x noise, the std at least this: a random-weight model
 whose output is constant (features that vanish, a uniform softmax) gets an offset it can learn, not one of 1e-10."""
+UNTRAINED_STATISTICS = "running statistics hold their initial values"
+"""What train's warning on never-calibrated BatchNormalization statistics says."""
 FT_CLASSES = ("trained", "not improved", "refused", "crashed", "skipped")
 
 
@@ -1057,7 +1059,7 @@ def ft_mse(work: Path, model: Path) -> None:
     print(json.dumps(_mse(_ft_run(model, data, json.loads((work / "ft.json").read_text())), data["labels"])))
 
 
-def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: int, lr: str | None) -> list[dict]:
+def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: int, flags: list[str]) -> list[dict]:
     """Data for one model, then train in each precision and the trained model's mse, in a scratch directory."""
     rel = str(model.relative_to(root))
     base = {"model": rel, "exporter": rel.split("/")[0]}
@@ -1075,8 +1077,7 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
             trained, report = work / f"trained-{p}.onnx", work / f"report-{p}.json"
             cmd = [amp, "train", str(model), "--data", str(work / "data.npz"), "--loss", "mse", "--output",
                    meta["output"], "--labels", "labels", "--epochs", str(epochs), "--batch-size", str(meta["batch"]),
-                   *(["--lr", lr] if lr else []), "--precision", p, "--report", str(report), "-o", str(trained),
-                   "--quiet"]
+                   *flags, "--precision", p, "--report", str(report), "-o", str(trained), "--quiet"]
             cmd += ["--batch-axis", f"labels:{meta['axis']}"] if meta["axis"] else []
             code, out, err, secs = run_one(cmd, timeout)
             lines = [ln for ln in err.strip().splitlines() if ln.strip()] or out.strip().splitlines()[-3:]
@@ -1084,6 +1085,7 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
                    "seconds": round(secs, 2), "batch": meta["batch"], "std": meta["std"],
                    "mse_original": meta["mse_original"]}
             if code == 0 and "Traceback" not in err:
+                row["untrained_statistics"] = UNTRAINED_STATISTICS in err
                 rep = json.loads(report.read_text())
                 row.update(first_loss=rep["epochs"][0]["loss"], last_loss=rep["epochs"][-1]["loss"],
                            steps=rep["steps"], skipped_steps=len(rep["skipped_steps"]))
@@ -1132,10 +1134,13 @@ def ft_summarize(rows: list[dict]) -> None:
     worse = [r for r in rows if r["class"] == "not improved"]
     print(f"\nnot improved: {len(worse)}, of which the epoch loss fell (first epoch > last): "
           f"{sum(r['first_loss'] > r['last_loss'] for r in worse)}; the first epoch's loss >1% above the original "
-          f"mse (overshoot): {sum(r['first_loss'] > 1.01 * r['mse_original'] for r in worse)}")
+          f"mse (overshoot): {sum(r['first_loss'] > 1.01 * r['mse_original'] for r in worse)}; train warned that "
+          f"the BatchNormalization statistics were never calibrated: "
+          f"{sum(r.get('untrained_statistics', False) for r in worse)}")
     for r in worse:
         print(f"  {r['model']} {r['precision']}: mse {r['mse_original']:.4g} -> {r['mse_trained']:.4g}, "
-              f"epoch loss {r['first_loss']:.4g} -> {r['last_loss']:.4g}, skipped steps {r['skipped_steps']}")
+              f"epoch loss {r['first_loss']:.4g} -> {r['last_loss']:.4g}, skipped steps {r['skipped_steps']}"
+              + (", BatchNormalization statistics never calibrated" if r.get("untrained_statistics") else ""))
     crashes = [r for r in rows if r["class"] == "crashed"]
     print(f"\n{len(crashes)} crashes:")
     for r in crashes:
@@ -1165,12 +1170,14 @@ def finetune(argv: list[str]) -> None:
     p.add_argument("--timeout", type=float, default=300, help="seconds per train")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", help="train's --lr (default: train's own default)")
+    p.add_argument("--batchnorm", choices=("train", "freeze"), help="train's --batchnorm (default: train's own)")
     a = p.parse_args(argv)
+    flags = [*(["--lr", a.lr] if a.lr else []), *(["--batchnorm", a.batchnorm] if a.batchnorm else [])]
     root = a.models.resolve()
     models = _corpus(root, lambda rel: (not a.only or rel.parts[0] in a.only.split(","))
                      and any(s in str(rel) for s in a.match.split(",")))
     print(f"{len(models)} models, {a.jobs} at once", flush=True)
-    _over_corpus(a, root, models, lambda model: finetune_model(model, root, a.amp, a.timeout, a.epochs, a.lr),
+    _over_corpus(a, root, models, lambda model: finetune_model(model, root, a.amp, a.timeout, a.epochs, flags),
                  ft_summarize)
 
 

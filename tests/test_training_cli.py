@@ -11,7 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.cli import main
+from models import builders
 from tests.gradcheck import ort_run
+from tests.helpers import rng
 from tests.test_training_step import _mlp
 
 
@@ -286,3 +288,22 @@ def test_a_model_with_a_fixed_batch_of_one_trains_and_its_loss_is_checked_at_tha
     onnx.save(model, path)
     assert main(_train_args(path, data, folder / "t.onnx", "--batch-size", "1", "--lr", "0.01",
                             "--precision", "float32")) == 0
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["initial-statistics", "calibrated"])
+def test_a_model_whose_batchnorm_statistics_were_never_calibrated_is_warned_of(tmp_path, capsys, fresh):
+    """Running statistics at their initial values (means 0, variances 1: a model exported before
+    it saw data) are replaced by training: one warning says so and names --batchnorm freeze."""
+    model = builders.seed_cnn(image_size=16, widths=(4, 4))
+    for tensor in model.graph.initializer:
+        for node in (n for n in model.graph.node if n.op_type == "BatchNormalization"):
+            if fresh and tensor.name in node.input[3:5]:
+                value = 0.0 if tensor.name == node.input[3] else 1.0
+                tensor.CopyFrom(numpy_helper.from_array(np.full(tensor.dims, value, np.float32), tensor.name))
+    path, data = tmp_path / "m.onnx", tmp_path / "d.npz"
+    onnx.save(model, path)
+    np.savez(data, image=rng(1).normal(0, 1, (8, 3, 16, 16)).astype(np.float32), labels=np.arange(8) % 10)
+    assert main(["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "probabilities",
+                 "--batch-size", "4", "--precision", "float32", "-o", str(tmp_path / "t.onnx"), "--quiet"]) == 0
+    warned = "running statistics hold their initial values" in capsys.readouterr().err
+    assert warned == fresh

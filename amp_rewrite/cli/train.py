@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training.batching import Batching
+from amp_rewrite.training.modes import RUNNING_ROLES, untrained
 from amp_rewrite.training.optimizers import DEFAULT_LR
 from amp_rewrite.training.schedules import KINDS, Schedule
 
@@ -83,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     Schedule(args.schedule, args.warmup_steps, 0, args.step_size, args.gamma)  # its errors before the build
     batching = Batching.parse(args.batch_axes, args.fixed)
     step = build_step(args, [_first_batch(train, batching, args.batch_size)])
+    if untrained([(c.role, step.initial[c.input]) for c in step.spec.carried if c.role in RUNNING_ROLES]):
+        print("amp-rewrite: warning: every BatchNormalization's running statistics hold their initial values "
+              "(means 0, variances 1): training replaces them with the data's, which moves the model's inference "
+              "outputs; --batchnorm freeze keeps them", file=sys.stderr)
     train = _checked(step, train, args.data, batching)
     updates = args.epochs * math.ceil(batching.count(train, step.spec.data) / args.batch_size) // args.accumulate
     schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)

@@ -23,6 +23,9 @@ from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.ir.types import typed_index
 
+RUNNING_ROLES = ("running_mean", "running_var")
+"""The roles (``Carried.role``) of the running statistics."""
+
 
 @dataclass
 class RunningStat:
@@ -30,6 +33,14 @@ class RunningStat:
     output: str
     role: str
     value: np.ndarray
+
+
+def untrained(stats: list[tuple[str, np.ndarray]]) -> bool:
+    """Whether every running statistic of ``stats`` ((role, value) pairs) holds its initial value
+    (means 0, variances 1): a model exported before it saw data, or never calibrated. Training
+    on batch statistics then replaces them with the data's, and the inference outputs move far
+    from the given model's even where the training loss falls."""
+    return bool(stats) and all(np.all(value == (0.0 if role == "running_mean" else 1.0)) for role, value in stats)
 
 
 def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:

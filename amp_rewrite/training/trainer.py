@@ -33,10 +33,11 @@ from amp_rewrite.training import constant_weights
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.losses import reference_loss
+from amp_rewrite.training.modes import RUNNING_ROLES
 from amp_rewrite.training.schedules import Schedule
 from amp_rewrite.training.step import TrainingStep
 
-MODEL_STATE = ("param", "running_mean", "running_var")
+MODEL_STATE = ("param", *RUNNING_ROLES)
 """Carried roles that are initializers of the model (the rest is optimizer and scaler state)."""
 PROVIDER_DEFAULTS = {"CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}
 """Provider options the step runs with unless the caller's say otherwise. CUDA's arena grows by
