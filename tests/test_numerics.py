@@ -284,7 +284,8 @@ def test_tolerance_per_output_and_metric() -> None:
               {"big": np.array(1000, np.float32)})
     mixed = _all_low(m)
     assert not check(m, mixed)
-    assert check(m, mixed, tolerances={"y": amp_rewrite.Tolerance(rtol=1, atol=1)})
+    passed = check(m, mixed, tolerances={"y": amp_rewrite.Tolerance(rtol=1, atol=1)})
+    assert passed and "; y: elementwise, rtol=1 atol=1" in passed.table()  # the table says what judged y
     assert not check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.05, metric="rel-l2"))
     assert check(m, mixed, tolerance=amp_rewrite.Tolerance(rtol=0.5, metric="rel-l2"))
 

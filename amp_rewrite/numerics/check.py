@@ -213,10 +213,12 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     names = [o.name for o in mixed.graph.output]
     low = low_precision(mixed) or "float16"
     tolerance = tolerance or Tolerance()
-    tolerances = {name: t.resolved(low) for name, t in (tolerances or {}).items()}
+    tolerances = tolerances or {}
+    said = "; ".join([tolerance.describe(low), *(f"{name}: {t.describe(low)}" for name, t in tolerances.items())])
+    tolerances = {name: t.resolved(low) for name, t in tolerances.items()}
     outputs = compare_outputs(expected, observed, names, tolerance.resolved(low), tolerances)
     result = CheckResult(all(o.passed for o in outputs), _mode(mixed, provider, emulate), emulate, len(data),
-                         outputs, runs=2 * len(data), generated=generated, tolerance=tolerance.describe(low),
+                         outputs, runs=2 * len(data), generated=generated, tolerance=said,
                          notes=[f"{which}: {note}" for which, m in (("float32 model", original), ("mixed model", mixed))
                                 if (note := instrument.ir_version_note(m))])
     if deployed:
