@@ -1,7 +1,7 @@
 """Invariants of ``convert`` on random graphs (tests/fuzzgraphs.py): it converts without an
 exception to a valid model, which ONNX Runtime loads at its default optimizations wherever it
 loads the float32 model so; the range check runs on every model that ONNX Runtime runs in
-float32 (with no rule of ``input_dims`` failing on the way); and where it ran, on the inputs
+float32 (with no rule of ``inputs.dims`` failing on the way); and where it ran, on the inputs
 it measured, no output element finite in float32 turns NaN/Inf in the converted model (run
 with float16 storage emulated on CPU, as ``check`` does; both runs compute Sigmoid exactly,
 as the range check measures it: ``with_exact_sigmoid``).

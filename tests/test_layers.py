@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "amp_rewrite"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors"}),
     frozenset({"ir"}),
+    frozenset({"inputs"}),
     frozenset({"policy"}),
     frozenset({"runtime"}),
     frozenset({"numerics"}),
@@ -26,7 +27,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 )
 """Lowest first. The package root (its public API) and ``__main__`` may import anything."""
 
-NARROWER = {"autodiff": frozenset({"errors", "ir"})}
+NARROWER = {"inputs": frozenset({"errors", "ir"}), "autodiff": frozenset({"errors", "ir"})}
 """Layers that import less than everything beneath them."""
 
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

@@ -2,7 +2,7 @@
 
 Generated inputs respect each input's element type and shape: a dimension with a
 name (``batch``, ``seq``) takes one value shared by every input that names it, the
-one the graph implies where it implies one (``input_dims``: a Reshape to a fixed
+one the graph implies where it implies one (``inputs.dims``: a Reshape to a fixed
 shape, a declared value_info) or that its name spells out (a cache's mask named
 ``past + seq``), ``shapes`` fixes an input's shape outright, and
 integer inputs are drawn from a range that indexes whatever they index (a token id
@@ -26,11 +26,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs import dims as input_dims
 from amp_rewrite.ir.functions import inlined
 from amp_rewrite.ir.graph import ModelIndex, Node, Value
 from amp_rewrite.ir.sizes import without_weights
 from amp_rewrite.ir.tensors import constant_tensor
-from amp_rewrite.runtime import input_dims, operands
+from amp_rewrite.runtime import operands
 
 Sample = dict[str, np.ndarray]
 T = TypeVar("T")
