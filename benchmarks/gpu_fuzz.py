@@ -8,7 +8,7 @@ fusions at its default optimization level, Sigmoid computed by the device. Two s
     python benchmarks/gpu_fuzz.py prepare --examples 600 --out benchmarks/work/gpu_fuzz   # here (CPU)
     python benchmarks/gpu_fuzz.py run --cases benchmarks/work/gpu_fuzz --out $OUT/gpu_fuzz.json  # on the GPU
 
-``prepare`` draws derandomized examples from ``tests/fuzzgraphs.examples`` (as ``make test`` does,
+``prepare`` draws derandomized examples from ``models/fuzzgraphs.examples`` (as ``make test`` does,
 under another seed), converts each with its own feeds as the range check's inputs (as the fuzz
 test does), and keeps those where the range check ran: the float32 model, the converted one, the
 one converted with ``--range-check off`` (to show what the check prevents) and the feeds, in
@@ -42,8 +42,8 @@ def prepare(examples: int, out: Path) -> None:
 
     from amp_rewrite import convert
     from amp_rewrite.runtime.emulate import emulated
-    from tests.fuzzgraphs import examples as drawn
-    from tests.test_fuzz import range_check_ran, run
+    from models.fuzz import range_check_ran, run
+    from models.fuzzgraphs import examples as drawn
 
     out.mkdir(parents=True, exist_ok=True)
     kept = skipped = 0

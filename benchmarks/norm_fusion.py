@@ -1,5 +1,5 @@
 """Which ops ONNX Runtime runs of a written-out RMSNorm, float32 and as amp-rewrite converts it,
-for each way exporters write its scaling (the two-block decoder of tests/test_coloring.py): the
+for each way exporters write its scaling (``models.builders.rms_decoder``, two blocks): the
 optimized model ONNX Runtime saves, its op types counted. A diagnosis for a GPU machine:
 
     python benchmarks/norm_fusion.py [PROVIDER]     # default CUDAExecutionProvider
@@ -19,11 +19,11 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from amp_rewrite import convert  # noqa: E402
-from tests.test_coloring import _SCALINGS, _rms_decoder  # noqa: E402
+from models import builders  # noqa: E402
 
 provider = sys.argv[1] if len(sys.argv) > 1 else "CUDAExecutionProvider"
-for scaling in sorted(_SCALINGS):
-    m = _rms_decoder(scaling)
+for scaling in sorted(builders.RMS_SCALINGS):
+    m = builders.rms_decoder(scaling)
     for label, model in (("float32", m), ("amp-rewrite", convert(m, range_check="off")[0])):
         path = tempfile.mktemp(suffix=".onnx")
         so = ort.SessionOptions()

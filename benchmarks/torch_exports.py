@@ -532,7 +532,7 @@ def check(models: Path, only: list[str], peers: bool) -> None:
     from amp_rewrite import convert
     from amp_rewrite.runtime import instrument
     from amp_rewrite.runtime.emulate import emulated
-    from tests.test_fuzz import load_failure
+    from models.fuzz import load_failure
 
     def loads(model) -> str:
         return load_failure(model) or "loads"

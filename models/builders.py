@@ -275,8 +275,8 @@ def _big_tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
             yield tensor
 
 
-def _from_text(text: str, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
-    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {OPSET}]>\nfragile {text}')
+def _from_text(text: str, weights: dict[str, np.ndarray], name: str = "fragile") -> onnx.ModelProto:
+    model = onnx.parser.parse_model(f'<ir_version: 8, opset_import: ["" : {OPSET}]>\n{name} {text}')
     model.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n) for n, a in weights.items())
     return model
 
@@ -323,6 +323,37 @@ def cancellation() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     }""", {"big": np.array(1000, np.float32),
            "w": np.random.default_rng(6).standard_normal((64, 64)).astype(np.float32) * 0.1})
     return model, {"x": np.random.default_rng(7).standard_normal((8, 64)).astype(np.float32)}
+
+
+RMS_SCALINGS = {  # an RMSNorm's scaling of x{i} by its RMS s{i}, as exporters write it
+    "mul-div-one": "r{i} = Div(one{i}, s{i})\n [scale{i}] n{i} = Mul(x{i}, r{i})",
+    "reciprocal-mul": "r{i} = Reciprocal(s{i})\n [scale{i}] n{i} = Mul(r{i}, x{i})",
+    "div": "[scale{i}] n{i} = Div(x{i}, s{i})",
+}
+
+
+def rms_decoder(scaling: str) -> onnx.ModelProto:
+    """Two pre-norm residual blocks, ``x{i+1} = x{i} + MatMul(w * rms_norm(x{i}), m{i})``, fed by a
+    MatMul: the RMSNorm written out, its scaling one of ``RMS_SCALINGS``. The scalar ``k``, read
+    by no node, is there for tests that rewire the graph."""
+    text = "(float[2,8,16] inp) => (float[2,8,16] y) {\n [embed] x0 = MatMul(inp, m9)"
+    for i in range(2):
+        text += f"""
+          two{i} = Constant<value = float {{2.0}}>()
+          eps{i} = Constant<value = float {{1e-6}}>()
+          one{i} = Constant<value = float {{1.0}}>()
+          [square{i}] p{i} = Pow(x{i}, two{i})
+          [mean{i}] v{i} = ReduceMean<axes=[-1]>(p{i})
+          [eps_add{i}] a{i} = Add(v{i}, eps{i})
+          [sqrt{i}] s{i} = Sqrt(a{i})
+          {RMS_SCALINGS[scaling].format(i=i)}
+          [weight{i}] o{i} = Mul(w, n{i})
+          [proj{i}] h{i} = MatMul(o{i}, m{i})
+          [residual{i}] x{i + 1} = Add(x{i}, h{i})"""
+    text += "\n [out] y = Identity(x2)\n}"
+    weights = {f"m{i}": np.random.default_rng(i).normal(0, 0.3, (16, 16)).astype(np.float32) for i in (0, 1, 9)}
+    return _from_text(text, {**weights, "w": np.random.default_rng(3).normal(1, 0.1, 16).astype(np.float32),
+                             "k": np.array(0.5, np.float32)}, "rms_decoder")
 
 
 def feature_pyramid(levels: int = 4, width: int = 8) -> onnx.ModelProto:

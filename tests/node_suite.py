@@ -1,10 +1,10 @@
-"""Running the ONNX backend node test cases through convert (shared by the test and the bench)."""
+"""Running the ONNX backend node test cases (``models/node_suite.py``) through convert and comparing
+their outputs with the expected ones (shared by test_node_suite, test_numerics and test_light_models)."""
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -20,42 +20,6 @@ RTOL = 1e-2
 """fp16 tolerance: 10 ulps of float16 relative to each element ..."""
 SCALE_ATOL = 4e-3
 """... plus 4 ulps relative to the output's largest magnitude (cancellation in sums)."""
-
-
-def float_cases():
-    from onnx.backend.test.case.node import collect_testcases
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = collect_testcases(None)
-    for case in cases:
-        graph = case.model.graph
-        if any(v.type.tensor_type.elem_type == TensorProto.FLOAT for v in (*graph.input, *graph.output)):
-            yield case
-
-
-MODEL_DIR_KINDS = ("pytorch-converted", "pytorch-operator", "simple")
-"""onnx's model test directories that hold their data: small PyTorch exports of opsets 6-9 and
-hand-written models (``light`` is ``tests/test_light_models.py``'s; ``real`` holds no data)."""
-
-
-def model_dir_cases():
-    """The ``MODEL_DIR_KINDS`` tests as cases like the node suite's: a name, the model, and its
-    data sets of (inputs, expected outputs)."""
-    from onnx.backend.test.loader import load_model_tests
-
-    for kind in MODEL_DIR_KINDS:
-        for test in load_model_tests(kind=kind):
-            folder = Path(test.model_dir)
-            data_sets = [tuple([onnx.numpy_helper.to_array(onnx.load_tensor(f)) for f in _numbered(data, prefix)]
-                               for prefix in ("input", "output"))
-                         for data in sorted(folder.glob("test_data_set_*"))]
-            yield replace(test, name=f"{kind}/{test.name}", model=onnx.load(folder / "model.onnx"),
-                          data_sets=data_sets)
-
-
-def _numbered(folder: Path, prefix: str) -> list[Path]:
-    return sorted(folder.glob(f"{prefix}_*.pb"), key=lambda f: int(f.stem.split("_")[-1]))
 
 
 @dataclass

@@ -379,43 +379,14 @@ def test_a_mean_centred_square_is_a_layer_norm_whose_epsilon_runs_low():
     assert colors(convert(m, policy="all-low", range_check="off")[0])["eps"] == "low"
 
 
-_SCALINGS = {  # an RMSNorm's scaling of x{i} by its RMS s{i}, as exporters write it
-    "mul-div-one": "r{i} = Div(one{i}, s{i})\n [scale{i}] n{i} = Mul(x{i}, r{i})",
-    "reciprocal-mul": "r{i} = Reciprocal(s{i})\n [scale{i}] n{i} = Mul(r{i}, x{i})",
-    "div": "[scale{i}] n{i} = Div(x{i}, s{i})",
-}
-
-
-def _rms_decoder(scaling: str) -> onnx.ModelProto:
-    """Two pre-norm residual blocks, ``x{i+1} = x{i} + MatMul(w * rms_norm(x{i}), m{i})``, fed by a MatMul."""
-    text = "(float[2,8,16] inp) => (float[2,8,16] y) {\n [embed] x0 = MatMul(inp, m9)"
-    for i in range(2):
-        text += f"""
-          two{i} = Constant<value = float {{2.0}}>()
-          eps{i} = Constant<value = float {{1e-6}}>()
-          one{i} = Constant<value = float {{1.0}}>()
-          [square{i}] p{i} = Pow(x{i}, two{i})
-          [mean{i}] v{i} = ReduceMean<axes=[-1]>(p{i})
-          [eps_add{i}] a{i} = Add(v{i}, eps{i})
-          [sqrt{i}] s{i} = Sqrt(a{i})
-          {_SCALINGS[scaling].format(i=i)}
-          [weight{i}] o{i} = Mul(w, n{i})
-          [proj{i}] h{i} = MatMul(o{i}, m{i})
-          [residual{i}] x{i + 1} = Add(x{i}, h{i})"""
-    text += "\n [out] y = Identity(x2)\n}"
-    weights = {f"m{i}": rng(i).normal(0, 0.3, (16, 16)).astype(np.float32) for i in (0, 1, 9)}
-    return model(text, {**weights, "w": rng(3).normal(1, 0.1, 16).astype(np.float32),
-                        "k": np.array(0.5, np.float32)})
-
-
-@pytest.mark.parametrize("scaling", sorted(_SCALINGS))
+@pytest.mark.parametrize("scaling", sorted(builders.RMS_SCALINGS))
 def test_an_rms_norms_scaling_ends_the_float32_region_of_its_statistics(scaling):
     """The statistics of a written-out RMSNorm are float32 (its mean square is deny); its scaling
     reads them and is float32 too, but x / rms(x) is at most sqrt(16) = 4 whatever x holds, so
     the weight and the residual stream run low: the stream reaches the norm through one Cast,
     read by the square and the scaling alone (the pattern ONNX Runtime fuses, on CUDA, into
     one SimplifiedLayerNormalization computing in float32)."""
-    m = _rms_decoder(scaling)
+    m = builders.rms_decoder(scaling)
     out, report = convert(m, range_check="off")
     found = colors(out)
     for i in (0, 1):
@@ -531,7 +502,7 @@ def test_a_global_average_pool_that_is_a_norms_statistic_is_deny_as_its_reduce_m
 def test_a_value_scaled_by_another_values_rms_stays_in_the_float32_region():
     """Only x / rms(x) is bounded: k * x scaled by x's RMS is not normalized, and the values
     it reaches stay float32 until the next allow op."""
-    m = _rms_decoder("mul-div-one")
+    m = builders.rms_decoder("mul-div-one")
     for i in (0, 1):  # the scaling reads z{i} = k * x{i} instead of x{i}
         scale = next(n for n in m.graph.node if n.name == f"scale{i}")
         scale.input[0] = f"z{i}"

@@ -1,12 +1,11 @@
-"""benchmarks/decisions.py: a snapshot holds a model's decisions, and a compare names what moved,
+"""models/decisions.py: a snapshot holds a model's decisions, and a compare names what moved,
 precisions first."""
 
 from __future__ import annotations
 
 import copy
 
-from benchmarks import decisions
-from models import builders
+from models import builders, decisions
 
 
 def test_a_snapshot_holds_the_decisions_and_a_compare_names_what_moved() -> None:

@@ -1,4 +1,4 @@
-"""Invariants of ``convert`` on random graphs (tests/fuzzgraphs.py): it converts without an
+"""Invariants of ``convert`` on random graphs (models/fuzzgraphs.py): it converts without an
 exception to a valid model, which ONNX Runtime loads at its default optimizations wherever it
 loads the float32 model so; the range check runs on every model that ONNX Runtime runs in
 float32 (with no rule of ``inputs.dims`` failing on the way); and where it ran, on the inputs
@@ -20,23 +20,17 @@ import numpy as np
 import onnx
 from hypothesis import HealthCheck, assume, given, settings
 
-from amp_rewrite import Report, convert
+from amp_rewrite import convert
 from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import emulated
-from amp_rewrite.runtime.isolate import NativeFailure, isolated
-from tests.fuzzgraphs import Example, examples
+from models.fuzz import CRASHES, load_failure, range_check_ran, run
+from models.fuzzgraphs import Example, examples
 
 EXAMPLES = int(os.environ.get("AMP_FUZZ_EXAMPLES", "100"))
 RANDOM = os.environ.get("AMP_FUZZ_RANDOM", "") not in ("", "0")
-NOTHING_TO_MEASURE = "skipped: no value could change precision"
-"""The range check's report when every node stays float32: it ran and had nothing to watch."""
 
 fuzz_settings = settings(derandomize=not RANDOM, max_examples=EXAMPLES, deadline=None, print_blob=RANDOM,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return instrument.session(model).run(None, feeds)
 
 
 def with_exact_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -45,28 +39,6 @@ def with_exact_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
     model = copy.deepcopy(model)
     instrument.exact_sigmoid(model)
     return model
-
-
-CRASHES = "crashes"
-"""How ``load_failure`` says that ONNX Runtime crashed creating the session."""
-
-
-def load_failure(model: onnx.ModelProto) -> str | None:
-    """Why ONNX Runtime creates no session at its default optimizations, tried in a child process
-    (``CRASHES (...)`` where it crashes there: ONNX Runtime 1.31.1's CPU provider segfaults
-    optimizing some float16 Transpose -> MatMul pairs, which CUDA loads; ``refused (...)``);
-    None where it loads."""
-    try:
-        isolated(lambda progress: instrument.session(model, optimize="all") and None, "onnxruntime (load check)")
-    except NativeFailure as exc:
-        return f"{CRASHES} ({exc})"
-    except Exception as exc:  # e.g. ONNX Runtime's LayerNormFusion takes an integer Cast into a LayerNormalization
-        return f"refused ({str(exc).splitlines()[0][:100]})"
-    return None
-
-
-def range_check_ran(report: Report) -> bool:
-    return report.range_check.startswith("measured") or report.range_check == NOTHING_TO_MEASURE
 
 
 @fuzz_settings

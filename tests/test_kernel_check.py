@@ -1,4 +1,4 @@
-"""benchmarks/kernel_check.py: the kernel table against what ONNX Runtime's CPU provider runs.
+"""models/kernel_check.py: the kernel table against what ONNX Runtime's CPU provider runs.
 
 Sin has no float16 CPU kernel (ONNX Runtime inserts casts around it), Transpose has one,
 CastLike has none but is inlined into a Cast that has; Relu has no bfloat16 kernel and, as
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from amp_rewrite.policy.kernels import kernel_table
-from benchmarks import kernel_check as kc
+from models import kernel_check as kc
 
 CPU = "CPUExecutionProvider"
 

@@ -1,4 +1,5 @@
-"""The package's layers: each folder imports only the layers beneath it (and itself).
+"""The package's layers: each folder imports only the layers beneath it (and itself); and
+beside the package, the benchmarks and the tests share only ``models/``.
 
 Every import is checked, including imports inside functions and under
 ``TYPE_CHECKING``: a deferred import that climbs a layer is still a cycle.
@@ -84,3 +85,34 @@ def test_the_check_catches_an_upward_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from amp_rewrite.workflows.convert import convert\n")
     assert list(_imported_layers(module)) == [("workflows", 2), ("workflows", 2)]
+
+
+ROOT = PACKAGE.parent
+APART = {"benchmarks": frozenset({"tests"}), "tests": frozenset({"benchmarks"}),
+         "models": frozenset({"tests", "benchmarks"})}
+"""Folders beside the package, and the folders each must not import: what the benchmarks and the
+tests share is in ``models/``, which imports neither."""
+
+
+def _top_level_imports(path: Path):
+    """Each absolute import's top-level name and line (a relative one stays in its own folder)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            yield node.module.split(".")[0], node.lineno
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name.split(".")[0], node.lineno) for alias in node.names)
+
+
+def test_benchmarks_and_tests_do_not_import_each_other():
+    crossings = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+                 for folder, forbidden in APART.items()
+                 for path in sorted((ROOT / folder).rglob("*.py"))
+                 if not path.is_relative_to(ROOT / "benchmarks" / "work")  # the benchmarks' output
+                 for name, line in _top_level_imports(path) if name in forbidden]
+    assert not crossings, "\n".join(crossings)
+
+
+def test_the_walker_sees_deferred_imports_and_leaves_relative_ones(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import benchmarks.run\nfrom . import helpers\n\n\ndef f():\n    from tests.x import y\n")
+    assert sorted(_top_level_imports(module)) == [("benchmarks", 1), ("tests", 6)]

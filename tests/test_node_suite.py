@@ -18,7 +18,8 @@ import re
 
 import pytest
 
-from tests.node_suite import MODEL_DIR_KINDS, float_cases, model_dir_cases, run_case
+from models.node_suite import MODEL_DIR_KINDS, float_cases, model_dir_cases
+from tests.node_suite import run_case
 
 LOW_IO_EXCEPTIONS = {
     r"test_(log)?softmax_large_number.*": "inputs 10000..10003 are 8 apart in float16: the float16 graph input "

@@ -27,8 +27,9 @@ from amp_rewrite.runtime import instrument, samples
 from amp_rewrite.runtime.emulate import emulated
 from amp_rewrite.runtime.isolate import NativeFailure
 from models import builders
+from models.node_suite import float_cases
 from tests.helpers import model, rms_norm, rng, run
-from tests.node_suite import emulation_ulps, float_cases
+from tests.node_suite import emulation_ulps
 
 EMULATION_ULPS = 4
 """Emulated outputs agree with the reference evaluator's float16 run within this many
