@@ -46,8 +46,10 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	AMP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMP_FUZZ_RANDOM=1 $(PY) -m pytest -q tests/test_fuzz.py
 
+# ruff over the code, then mypy over amp_rewrite with pyproject's [tool.mypy] (its strictness is set there).
 lint: install
 	$(PY) -m ruff check amp_rewrite models tests benchmarks
+	$(PY) -m mypy
 
 # The peers' modules are compiled to bytecode when pip installs them; an editable install's
 # are not, and where PYTHONDONTWRITEBYTECODE is set every conversion compiled amp_rewrite

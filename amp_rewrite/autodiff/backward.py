@@ -169,8 +169,10 @@ class Backward:
             keys = self.input_keys(node)
             wanted = [k in active and self.differentiable(node, i, k) for i, k in enumerate(keys)]
             ctx = Context(self, node, graph_id, b, [k[1] if k else "" for k in keys], go, wanted)
-            for i, grad in self.rule(node).build(ctx).items():
-                if grad is not None and wanted[i]:
-                    grads[keys[i]].append(grad)
+            rule = self.rule(node)
+            assert rule is not None  # check() refused a node with no rule
+            for i, grad in rule.build(ctx).items():
+                if grad is not None and wanted[i] and (input_key := keys[i]) is not None:  # wanted: it has one
+                    grads[input_key].append(grad)
         return {t: total(b, grads[t]) for t in targets if grads.get(t)}
 

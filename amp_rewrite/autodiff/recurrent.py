@@ -89,8 +89,8 @@ class _Unrolling:
         x = b.op("Transpose", self.x, perm=[1, 0, 2]) if self.layout else self.x
         finals = [self._direction(x, d) for d in range(self.directions)]
         sequence = b.op("Concat", *(b.axes_op("Unsqueeze", ys, [1]) for ys, _, _ in finals), axis=1)  # [T,D,N,H]
-        states = [b.op("Concat", *(b.axes_op("Unsqueeze", f[k], [0]) for f in finals), axis=0)
-                  for k in (1, 2) if finals[0][k] is not None]  # [D,N,H]
+        states = [b.op("Concat", *(b.axes_op("Unsqueeze", state, [0]) for f in finals if (state := f[k]) is not None),
+                       axis=0) for k in (1, 2) if finals[0][k] is not None]  # [D,N,H]
         for value, out, perm in ((sequence, outputs[0], [2, 0, 1, 3]), *(
                 (s, outputs[k + 1], [1, 0, 2]) for k, s in enumerate(states))):
             if out:

@@ -37,11 +37,11 @@ def unrolled_scan(node: onnx.NodeProto, b: GraphBuilder, shapes: Mapping[str, tu
     out_dirs = list(attrs.get("scan_output_directions") or [0] * outputs)
     in_axes, out_axes = list(attrs.get("scan_input_axes") or [0] * scans), list(
         attrs.get("scan_output_axes") or [0] * outputs)
-    ranks = [len(shapes[name]) if shapes.get(name) is not None else None for name in node.input[states:]]
+    ranks = [len(shape) if (shape := shapes.get(name)) is not None else None for name in node.input[states:]]
     if any(r is None for r in ranks) and any(a < 0 for a in in_axes):
         raise DynamicShapes(f"cannot differentiate {label}: a negative scan axis of an input whose rank is not known")
     in_axes = [a % r if a < 0 else a for a, r in zip(in_axes, ranks)]
-    lengths = {shapes[name][a] for name, a in zip(node.input[states:], in_axes) if shapes.get(name) is not None}
+    lengths = {shape[a] for name, a in zip(node.input[states:], in_axes) if (shape := shapes.get(name)) is not None}
     steps = next(iter(lengths)) if len(lengths) == 1 else None
     if not isinstance(steps, int):
         raise DynamicShapes(f"cannot differentiate {label}: its scan length is not static")
@@ -59,7 +59,7 @@ def unrolled_scan(node: onnx.NodeProto, b: GraphBuilder, shapes: Mapping[str, tu
     for k, name in enumerate(node.output[states:states + outputs]):
         if not name:
             continue
-        rank = len(shapes[name]) if shapes.get(name) is not None else None
+        rank = len(shape) if (shape := shapes.get(name)) is not None else None
         axis = out_axes[k]
         if axis < 0:
             if rank is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import NoReturn
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.precision import Precision
@@ -19,7 +20,7 @@ EXIT_BROKEN_PIPE = 128 + 13
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         raise UserError(message)
 
 

@@ -140,7 +140,7 @@ class GraphBuilder:
                        value=numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(self.types[x]))))
 
     # -- opset-dependent forms ----------------------------------------------------------------------
-    def axes_op(self, op_type: str, x: str, axes: Sequence[int] | str | None, **attributes) -> str:
+    def axes_op(self, op_type: str, x: str, axes: list[int] | tuple[int, ...] | str | None, **attributes) -> str:
         """A reduction, Squeeze or Unsqueeze with ``axes`` as the opset wants them (a list, or an
         int64 value when the opset takes an input)."""
         if self.opset >= _AXES_AS_INPUT.get(op_type, 10**6):
@@ -150,7 +150,7 @@ class GraphBuilder:
             raise ValueError(f"{op_type} at opset {self.opset} takes constant axes only")
         return self.op(op_type, x, axes=None if axes is None else list(axes), **attributes)
 
-    def reduce_sum(self, x: str, axes: Sequence[int] | str, keepdims: int = 1) -> str:
+    def reduce_sum(self, x: str, axes: list[int] | tuple[int, ...] | str, keepdims: int = 1) -> str:
         """Sum over ``axes``; an empty axes value sums nothing (it is not "all axes")."""
         if isinstance(axes, (list, tuple)) and not axes:
             return x

@@ -101,6 +101,13 @@ class ModelIndex:
     def opset(self, node: Node) -> int:
         return self.opsets.get(node.domain, 1)
 
+    def value(self, key: ValueKey | None) -> Value:
+        """``values[key]`` for a key that a node's inputs or outputs hold: a KeyError where it is
+        None (an input or output left out), as ``values[None]`` gives."""
+        if key is None:
+            raise KeyError(key)
+        return self.values[key]
+
     def producer_node(self, value: Value) -> Node | None:
         return self.nodes[value.producer[0]] if value.producer else None
 
@@ -166,14 +173,14 @@ class ModelIndex:
         for node, names in read:
             inputs, use = node.inputs, node.id
             for i, name in enumerate(names):
-                key = scope.get(name) if name else None
-                if key is None:
+                found = scope.get(name) if name else None
+                if found is None:
                     if not name:
                         inputs.append(None)
                         continue
-                    key = self._resolve(graph, name)
-                values[key].uses.append((use, i))
-                inputs.append(key)
+                    found = self._resolve(graph, name)
+                values[found].uses.append((use, i))
+                inputs.append(found)
             if node.proto.attribute:
                 for attr in node.proto.attribute:
                     if attr.type == AttributeProto.GRAPH:
@@ -184,7 +191,7 @@ class ModelIndex:
         for vi in proto.output:
             key = self._resolve(graph, vi.name)
             value = values[key]
-            if value.output_of:
+            if isinstance(value.output_of, list):  # a list once it holds a graph (the empty tuple is shared)
                 value.output_of.append(gid)
             else:
                 value.output_of = [gid]
@@ -244,7 +251,7 @@ class PendingInserts:
                         nodes.insert(position, node)
                 continue
             kept = list(nodes)
-            ordered = []
+            ordered: list[onnx.NodeProto] = []
             for position in range(len(kept) + 1):
                 ordered.extend(at.get(position, ()))
                 if position < len(kept):

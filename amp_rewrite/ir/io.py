@@ -242,6 +242,7 @@ def _check_external_files(model: onnx.ModelProto, base_dir: Path, lent: str | No
         if location is None or location == lent:
             continue
         info = external_location(tensor)
+        assert info is not None  # an external tensor (it has a data file)
         if location not in sizes:
             data = base_dir / location
             if not data.is_file():
@@ -528,7 +529,7 @@ def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precis
         tensor.ClearField("raw_data")
     else:
         if SOURCE_TYPE_KEY in info:
-            _write_converted(tensor, base_dir, int(info[SOURCE_TYPE_KEY]), sink)
+            _write_converted(tensor, base_dir, int(info[SOURCE_TYPE_KEY]), info, sink)
         else:
             with open(os.path.join(base_dir or ".", info["location"]), "rb") as f:
                 f.seek(int(info.get("offset", 0)))
@@ -539,9 +540,9 @@ def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precis
         tensor.external_data.add(key=key, value=value)
 
 
-def _write_converted(tensor: onnx.TensorProto, base_dir, source_type: int, sink) -> None:
+def _write_converted(tensor: onnx.TensorProto, base_dir, source_type: int, info: dict[str, str], sink) -> None:
     target = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    sink.write(stored_values(tensor, base_dir, source_type, external_location(tensor)).astype(target).tobytes())
+    sink.write(stored_values(tensor, base_dir, source_type, info).astype(target).tobytes())
 
 
 def _copy(source, length: int, sink) -> None:

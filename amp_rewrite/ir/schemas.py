@@ -10,9 +10,9 @@ import onnx
 import onnx.defs
 from onnx import TensorProto
 
-from amp_rewrite.ir.ort_schemas import ort_schema
+from amp_rewrite.ir.ort_schemas import OrtSchema, ort_schema
 
-_TYPE_NAMES = {
+_TYPE_NAMES: dict[int, str] = {
     value: f"tensor({name})"
     for name, value in (
         ("float", TensorProto.FLOAT), ("float16", TensorProto.FLOAT16), ("bfloat16", TensorProto.BFLOAT16),
@@ -52,6 +52,7 @@ class Signature:
 @functools.cache
 def signature(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs: int) -> Signature | None:
     """The schema signature for a node, or None when no schema is known."""
+    schema: onnx.defs.OpSchema | OrtSchema | None
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:

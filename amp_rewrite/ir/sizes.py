@@ -6,6 +6,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import onnx
 from onnx import AttributeProto
@@ -74,7 +75,7 @@ class InferredTypes:
 
 
 @functools.cache
-def _infos_type() -> type:
+def _infos_type() -> type[Any]:
     """A message type that reads a serialized ModelProto's graphs as their value infos,
     outputs (name and type's bytes) and subgraphs alone, by onnx's field numbers: what else
     the model holds is skipped as unknown bytes, with no message made for it."""
@@ -83,11 +84,12 @@ def _infos_type() -> type:
     field_type = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(name="amp_rewrite/inferred_infos.proto", package="amp_rewrite")
     # message -> (onnx's message, its fields: a message type of this file, or how the wire is read)
-    shapes = {"Model": (onnx.ModelProto, {"graph": "Graph"}),
-              "Graph": (onnx.GraphProto, {"node": "Node", "output": "ValueInfo", "value_info": "ValueInfo"}),
-              "Node": (onnx.NodeProto, {"attribute": "Attribute"}),
-              "Attribute": (onnx.AttributeProto, {"g": "Graph", "graphs": "Graph", "type": field_type.TYPE_INT32}),
-              "ValueInfo": (onnx.ValueInfoProto, {"name": field_type.TYPE_STRING, "type": field_type.TYPE_BYTES})}
+    shapes: dict[str, tuple[Any, dict[str, Any]]] = {
+        "Model": (onnx.ModelProto, {"graph": "Graph"}),
+        "Graph": (onnx.GraphProto, {"node": "Node", "output": "ValueInfo", "value_info": "ValueInfo"}),
+        "Node": (onnx.NodeProto, {"attribute": "Attribute"}),
+        "Attribute": (onnx.AttributeProto, {"g": "Graph", "graphs": "Graph", "type": field_type.TYPE_INT32}),
+        "ValueInfo": (onnx.ValueInfoProto, {"name": field_type.TYPE_STRING, "type": field_type.TYPE_BYTES})}
     for name, (proto, fields) in shapes.items():
         message = file.message_type.add(name=name)
         for field_name, kind in fields.items():

@@ -33,7 +33,7 @@ _NEVER = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "Random
 
 
 def specialized(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], keep: set[str],
-                observed: Mapping[str, tuple[int, np.dtype]] | None = None) -> onnx.ModelProto:
+                observed: Mapping[str, tuple[tuple[int, ...], np.dtype]] | None = None) -> onnx.ModelProto:
     """A copy of ``model`` with the graph inputs of ``shapes`` declared at those extents and its
     top-level shape computations folded (the module's docstring); ``keep``: values never folded.
     ``observed``: value name -> (shape, dtype) seen on a run at those extents, declared where

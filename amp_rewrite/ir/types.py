@@ -98,7 +98,7 @@ def _infer(index: ModelIndex, node: Node) -> None:
     subgraph = _subgraph_types(index, node) if fixed is None else None
     if subgraph is None:
         if fixed is not None:
-            implied = [fixed] * len(node.outputs)
+            implied: list[int | None] = [fixed] * len(node.outputs)
         else:
             inputs = [values[key].elem_type if key else None for key in node.inputs]
             implied = _schema_types(node.domain, node.op_type, index.opsets.get(node.domain, 1), inputs,

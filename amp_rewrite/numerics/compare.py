@@ -95,14 +95,16 @@ class Errors:
     def passes(self, tol: Tolerance) -> bool:
         if self.new_nonfinite:
             return False
+        rtol, atol = tol.rtol, tol.atol
+        assert rtol is not None and atol is not None, "a tolerance resolved for the precision"
         if math.isnan(self.max_abs):  # a non-float output
-            return self.mismatched <= tol.rtol
+            return self.mismatched <= rtol
         return {
             "elementwise": lambda: self.elementwise_violations == 0,
-            "max": lambda: self.max_abs <= tol.atol or self.max_rel <= tol.rtol,
-            "mean": lambda: self.mean_abs <= tol.atol or self.mean_rel <= tol.rtol,
-            "rel-l2": lambda: self.rel_l2 <= tol.rtol,
-            "cosine": lambda: 1 - self.cosine <= tol.rtol,
+            "max": lambda: self.max_abs <= atol or self.max_rel <= rtol,
+            "mean": lambda: self.mean_abs <= atol or self.mean_rel <= rtol,
+            "rel-l2": lambda: self.rel_l2 <= rtol,
+            "cosine": lambda: 1 - self.cosine <= rtol,
         }[tol.metric]()
 
 

@@ -122,7 +122,7 @@ class _Damager:
             return self._reference_name(self.index.values[producer.inputs[0]], depth + 1)
         if len(value.uses) == 1 and self.index.nodes[value.uses[0][0]].op_type == "Cast":
             reader = self.index.nodes[value.uses[0][0]]
-            return self._reference_name(self.index.values[reader.outputs[0]], depth + 1)
+            return self._reference_name(self.index.value(reader.outputs[0]), depth + 1)
         return None
 
 

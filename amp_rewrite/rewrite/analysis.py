@@ -78,7 +78,7 @@ class Analysis:
 
     @property
     def precision(self) -> Precision:
-        return self.options.precision
+        return Precision(self.options.precision)  # the member itself: the options are validated
 
     @property
     def io_color(self) -> Color:
@@ -100,7 +100,9 @@ class Analysis:
         """The tensor of an offline value (``is_offline``): its initializer or its Constant's."""
         if value.source == INITIALIZER:
             return self.index.initializers[value.key]
-        return constant_tensor(self.index.producer_node(value).proto)
+        producer = self.index.producer_node(value)
+        assert producer is not None, "an offline value is an initializer or a Constant's output"
+        return constant_tensor(producer.proto)
 
     def measured_infer(self, node_id: int) -> bool:
         """Whether only the range check's measurement makes the node infer (``MEASURED_CLASSES``):
@@ -126,6 +128,7 @@ class Analysis:
             return OFFLINE
         if value.source == GRAPH_INPUT:
             return self.io_color if value.key[0] == 0 else Color.FP32
+        assert value.producer is not None, "a float value is an input, a weight or a node's output"
         node_id, index = value.producer
         slots = self.slots.get(node_id)
         if slots is not None and index in slots.outputs:
@@ -162,11 +165,12 @@ class Analysis:
 
     def slot_values(self, node_id: int):
         """(is_input, index, value) for each convertible slot of a candidate node."""
-        node, slots, values = self.index.nodes[node_id], self.slots[node_id], self.index.values
+        index = self.index
+        node, slots = index.nodes[node_id], self.slots[node_id]
         for i in slots.inputs:
-            yield True, i, values[node.inputs[i]]
+            yield True, i, index.value(node.inputs[i])
         for i in slots.outputs:
-            yield False, i, values[node.outputs[i]]
+            yield False, i, index.value(node.outputs[i])
 
 
 class ColorPass(Protocol):

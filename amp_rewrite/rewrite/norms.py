@@ -75,7 +75,7 @@ def pooled_statistic(analysis: Analysis, node: Node) -> str | None:
     if _squared(analysis, node, centred=True) is not None:
         return "mean square"
     index = analysis.index
-    for reader_id, at in index.values[node.outputs[0]].uses:
+    for reader_id, at in index.value(node.outputs[0]).uses:
         reader = index.nodes[reader_id]
         if reader.op_type == "Sub" and reader.domain == "" and at == 1 and reader.inputs[0] == node.inputs[0]:
             return "mean"
@@ -134,17 +134,17 @@ def fused_layer_norm_reads(analysis: Analysis) -> dict[Use, Use | None]:
     (scale and bias one-dimensional constants): the statistics' reads of ``x`` map to the weight's read of the
     scaling (the fused norm reads ``x`` in the weight's precision), and that read maps to None
     (inside the fused norm). Its Casts are fused too where ``x``, scale and bias share a type."""
-    index, found = analysis.index, {}
+    index, found = analysis.index, dict[Use, Use | None]()
     for div in index.nodes:
         if div.op_type != "Div" or div.domain != "" or not normalizes(analysis, div, centred=True):
             continue
         sub = producer(analysis, div.inputs[0], "Sub")
         mean = producer(analysis, sub.inputs[1], "ReduceMean") if sub is not None else None
-        if mean is None or mean.inputs[0] != sub.inputs[0]:
+        if sub is None or mean is None or mean.inputs[0] != sub.inputs[0]:
             continue
         mul = _affine_reader(analysis, div.outputs[0], "Mul")
         add = _affine_reader(analysis, mul[0].outputs[0], "Add") if mul is not None else None
-        if add is None:
+        if mul is None or add is None:
             continue
         weight = (mul[0].id, mul[1])
         found[(mean.id, 0)] = found[(sub.id, 0)] = weight
@@ -152,17 +152,17 @@ def fused_layer_norm_reads(analysis: Analysis) -> dict[Use, Use | None]:
     return found
 
 
-def _affine_reader(analysis: Analysis, key: ValueKey, op_type: str) -> tuple[Node, int] | None:
+def _affine_reader(analysis: Analysis, key: ValueKey | None, op_type: str) -> tuple[Node, int] | None:
     """(the node, the input it reads ``key`` at) where ``key``'s one reader is an ``op_type`` of
     it and a one-dimensional constant (as LayerNormFusion takes a weight or bias), else None."""
-    value = analysis.index.values.get(key)
+    value = analysis.index.values.get(key) if key is not None else None
     if value is None or len(value.uses) != 1 or value.output_of:
         return None
     node_id, at = value.uses[0]
     node = analysis.index.nodes[node_id]
     if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2:
         return None
-    other = analysis.index.values.get(node.inputs[1 - at])
+    other = analysis.index.values.get(read) if (read := node.inputs[1 - at]) is not None else None
     if other is None or not analysis.is_offline(other) or other.shape is None or len(other.shape) != 1:
         return None
     return node, at

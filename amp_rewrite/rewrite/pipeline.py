@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import onnx
 
 from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -92,7 +93,8 @@ def start_measuring(model: onnx.ModelProto, options: ConvertOptions, base_dir) -
 
 
 def _range_source(options: ConvertOptions) -> ranges.Source:
-    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed, options.precision)
+    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed,
+                         Precision(options.precision))
 
 
 def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,

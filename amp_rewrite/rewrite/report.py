@@ -64,7 +64,8 @@ class Report:
             if name in _NODE_ROWS:
                 text = "[" + ",".join(f"\n    {json.dumps(_row(row))}" for row in value) + ("\n  ]" if value else "]")
             else:
-                text = json.dumps(asdict(value) if is_dataclass(value) else value, indent=2).replace("\n", "\n  ")
+                plain = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+                text = json.dumps(plain, indent=2).replace("\n", "\n  ")
             parts.append(f"  {json.dumps(name)}: {text}")
         return "{\n" + ",\n".join(parts) + "\n}"
 
@@ -116,7 +117,7 @@ REASON_WIDTH = 72
 characters, the opset went missing)."""
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
@@ -145,7 +146,7 @@ def build_report(analysis: Analysis, stats: RewriteStats | None) -> Report:
     stats = stats or RewriteStats()
     low = sum(1 for d in decisions if d.precision == Color.LOW.value)
     return Report(
-        precision=options.precision.value, provider=options.provider, policy=options.policy,
+        precision=analysis.precision.value, provider=options.provider, policy=options.policy,
         nodes=len(index.nodes), candidates=len(decisions), low_nodes=low, fp32_nodes=len(decisions) - low,
         by_class=by_class, by_op=by_op,
         fp32_reasons=[d for d in decisions if d.precision == Color.FP32.value],

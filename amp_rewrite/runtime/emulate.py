@@ -51,7 +51,7 @@ def emulated(mixed: onnx.ModelProto) -> onnx.ModelProto:
 def _rewrite(index: ModelIndex, value: Value, inserts: PendingInserts, builder: GraphBuilder) -> None:
     graph_id, name = value.key
     low = value.elem_type
-    if value.source == NODE and not _is_constant(index, value):
+    if value.source == NODE and value.producer is not None and not _is_constant(index, value):
         node = index.nodes[value.producer[0]]
         _compute_in_float(node.proto)
         raw = builder.names.fresh(name + _SUFFIX + "_raw")
@@ -87,8 +87,8 @@ def _redirect(index: ModelIndex, value: Value, inserts: PendingInserts, builder:
 
 
 def _is_constant(index: ModelIndex, value: Value) -> bool:
-    node = index.nodes[value.producer[0]]
-    return node.op_type == "Constant" and node.domain == ""
+    node = index.producer_node(value)
+    return node is not None and node.op_type == "Constant" and node.domain == ""
 
 
 def _compute_in_float(node: onnx.NodeProto) -> None:

@@ -82,9 +82,9 @@ class ValueStats(NamedTuple):
             return cls(peak, nonzero, small, subnormal)
         finite = magnitude[np.isfinite(magnitude)]
         peak = float(finite.max()) if finite.size else 0.0  # all -inf (a mask's fill): float16 holds it
-        nonzero = finite[finite > 0]
-        return cls(peak, int(nonzero.size), int(np.count_nonzero(nonzero < thresholds.flush)),
-                   int(np.count_nonzero(nonzero < thresholds.normal)))
+        positive = finite[finite > 0]
+        return cls(peak, int(positive.size), int(np.count_nonzero(positive < thresholds.flush)),
+                   int(np.count_nonzero(positive < thresholds.normal)))
 
     @classmethod
     def of_rows(cls, rows: np.ndarray) -> ValueStats:
@@ -131,6 +131,10 @@ class PackedStats:
             return default
         peak, nonzero, small, subnormal = self.rows[at].tolist()
         return ValueStats(peak, int(nonzero), int(small), int(subnormal))
+
+
+StatsByKey = Mapping[ValueKey, ValueStats] | PackedStats
+"""Statistics by value key, as a measurement gives them: read with ``get`` (a ``PackedStats`` is no Mapping)."""
 
 
 @dataclass
@@ -226,7 +230,7 @@ class _StatBuilder:
     """Makes the statistics nodes: one ``GraphBuilder`` per graph (model-wide names, constants
     cached per graph), whose nodes are appended to their graph by ``finish``."""
 
-    def __init__(self, index: ModelIndex, thresholds: Thresholds) -> None:
+    def __init__(self, index: ModelIndex, thresholds: Thresholds | None) -> None:
         self.index = index
         self.thresholds = thresholds
         self.owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
@@ -274,6 +278,7 @@ class _StatBuilder:
         peak = b.op("ReduceMax", padded, keepdims=1)
         nonzero = b.op("Cast", b.op("Greater", padded, zero), to=TensorProto.FLOAT)
         counts = [b.op("ReduceSum", nonzero, keepdims=1)]
+        assert self.thresholds is not None, "a nested value's statistics need thresholds"
         for threshold in (self.thresholds.flush, self.thresholds.normal):
             below = b.op("Cast", b.op("Less", padded, b.const(np.array([threshold], np.float32))),
                          to=TensorProto.FLOAT)

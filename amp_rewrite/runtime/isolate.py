@@ -45,7 +45,7 @@ import warnings
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from amp_rewrite.errors import UserError
 
@@ -96,7 +96,7 @@ class _CpuWatch:
     """Whether a process has gone ``STALL_SECONDS`` without using CPU, from its /proc entry (where
     there is none, it never has)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.used, self.since = self._cpu_seconds(), time.monotonic()
 
@@ -146,7 +146,7 @@ def caller_waits() -> bool:
     return _caller_waiting is not None and _caller_waiting.is_set()
 
 
-class Started:
+class Started(Generic[T]):
     """``work(progress)`` running in a child: forked for it, or, where ``portable`` (the work
     pickles, and small), the process's worker. The caller collects the result with ``result()``
     (``close()`` when it gives up before). Where no child can be forked, ``result()`` runs the
@@ -214,6 +214,7 @@ class Started:
                     self.step = payload
                     continue
                 if kind == _SPILLED:
+                    assert self.spill is not None  # a child spills only to its file
                     self.spill.seek(0)
                     kind, payload = pickle.load(self.spill)
                 self._finish()
@@ -374,11 +375,14 @@ class _Forked:
 
     def kill(self) -> None:
         if self.is_alive():
+            assert self.pid is not None  # started: is_alive waited for it
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
     def _ended(self, flags: int) -> bool:
         if self.exitcode is None:
+            assert self.pid is not None, "the child is not started"
+
             try:
                 pid, status = os.waitpid(self.pid, flags)
             except ChildProcessError:  # reaped by someone else (a SIGCHLD handler set to ignore)
@@ -438,6 +442,7 @@ def _serve(connection, caller_end) -> None:
 def _run(work: Callable[[Progress], T], sender, spill=None) -> None:
     """Run ``work`` and send back its result; a large one goes to ``spill`` (a forked child's
     file) and the pipe carries only ``_SPILLED``, so that the child can exit at once."""
+    result: tuple[str, object]
     try:
         result = (_OK, work(lambda text: sender.send((_PROGRESS, text))))
     except BaseException as exc:  # everything goes back to the parent, which re-raises it
@@ -470,5 +475,5 @@ def release_free_memory() -> None:
     elsewhere). Freed memory otherwise stays resident for the process's next allocations:
     a process that now only waits would hold it for nothing."""
     libc = ctypes.CDLL(None) if os.name == "posix" else None
-    if hasattr(libc, "malloc_trim"):
+    if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)

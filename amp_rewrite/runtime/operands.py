@@ -21,7 +21,7 @@ from onnx import helper
 from amp_rewrite.ir.graph import ModelIndex, Node
 
 Shape = tuple[int, ...]
-Rule = Callable[[Node, "Shape | None", "int | None"], "list[float] | float | None"]
+Rule = Callable[[Node, "Shape | None", "int | None"], "Sequence[float] | float | None"]
 """(the node, its data input's concrete shape or None, the operand's length, None for a
 scalar) -> the operand's values, or None."""
 

@@ -38,7 +38,7 @@ class Table(NamedTuple):
     the statistics of each measured value by key."""
 
     description: str
-    stats: Mapping[ValueKey, instrument.ValueStats]
+    stats: instrument.StatsByKey
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Measurement:
 
 
 def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey] | None,
-          threads: int = 0) -> Callable[[Progress], tuple[str, dict]]:
+          threads: int = 0) -> Callable[[Progress], tuple[str, instrument.PackedStats]]:
     """The measurement of ``keys`` (None: every float value) on ``source``, for a child process:
     (what extents generated inputs took, statistics by value key). The data are drawn here,
     before any session: data that cannot be made is the error to report."""
@@ -127,7 +127,8 @@ def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey]
     return work
 
 
-def _measure_every_value(model: onnx.ModelProto, source: Source, base_dir, progress: Progress) -> tuple[str, dict]:
+def _measure_every_value(model: onnx.ModelProto, source: Source, base_dir,
+                         progress: Progress) -> tuple[str, instrument.PackedStats]:
     """``start``'s work (a function of its arguments alone, so that it pickles to the worker)."""
     return _work(model, source, base_dir, None, threads=1)(progress)
 

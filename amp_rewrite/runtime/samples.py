@@ -196,16 +196,16 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     caller that retries, the inference (a shape inference of the whole model) is paid only
     by the models that need it. ``shapes`` fix inputs outright and bind the names their
     dimensions have: they always win. Every set is drawn from ``seed``."""
-    shapes = {name: tuple(dims) for name, dims in (shapes or {}).items()}
+    fixed_shapes = {name: tuple(dims) for name, dims in (shapes or {}).items()}
     inputs = graph_inputs(model)
-    unknown = sorted(set(shapes) - set(inputs))
+    unknown = sorted(set(fixed_shapes) - set(inputs))
     if unknown:
         raise UserError(f"--shape names {', '.join(unknown)}, not among the model inputs ({', '.join(inputs)})")
     named = {name: _named_shape(info) for name, info in inputs.items()}
     defaults = {d: UNNAMED_DIM if d == input_dims.unnamed_dim(name, axis) else NAMED_DIM
                 for name, dims in named.items() for axis, d in enumerate(dims) if isinstance(d, str)}
     given = {d: input_dims.Pin(extent, f"the given shape of {name!r}")
-             for name, fixed in shapes.items() if len(named[name]) == len(fixed)
+             for name, fixed in fixed_shapes.items() if len(named[name]) == len(fixed)
              for d, extent in zip(named[name], fixed) if isinstance(d, str)}
 
     leading = {dims[0] for dims in named.values() if dims}
@@ -247,11 +247,12 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     tried, too_large = set(), []
     for pins, size in plans():
         extents = {d: _extent(pins.get(d), size or default) for d, default in defaults.items()}
-        capped = _capped(extents, [d for d in defaults if d not in pins], named, shapes) if size is None else {}
+        capped = _capped(extents, [d for d in defaults if d not in pins], named, fixed_shapes) if size is None else {}
         extents.update(capped)
         spelled = _spelled_out(extents, pins)
         extents.update(spelled)
-        plan = {name: shapes[name] if name in shapes else tuple(extents.get(d, d) for d in dims)
+        plan = {name: fixed_shapes[name] if name in fixed_shapes else
+                tuple(d if isinstance(d, int) else extents[d] for d in dims)  # every name has an extent
                 for name, dims in named.items()}
         if tuple(plan.items()) in tried:
             continue
@@ -378,6 +379,8 @@ def first_that_runs(candidates: Iterable[Attempt], run: Callable[[list[Sample]],
             return attempt.description, run(attempt.samples)
         except Exception as exc:  # the next set may run where this one did not
             first, last = first or exc, exc
+    if first is None:  # every set was passed over (too large, or a longer one with no failure before it)
+        raise UserError("no set of generated inputs could be tried; pass --shape NAME:DIMS or --inputs")
     raise first
 
 
@@ -401,12 +404,12 @@ def integer_ranges(index: ModelIndex) -> dict[str, int]:
                 indexing = _INDEXING.get((node.op_type, slot))
                 data = node.inputs[indexing.data] if indexing and indexing.data < len(node.inputs) else None
                 shape = _known_shape(index, index.values[data]) if data else None
-                high = _indexed_extent(node, indexing, shape) if shape else None
+                high = _indexed_extent(node, indexing, shape) if shape and indexing else None
                 if high is not None:
                     highs[name] = min(highs.get(name, high), high)
                 elif node.op_type in _PASS_THROUGH and slot == 0 and node.outputs[0] not in seen:
                     seen.add(node.outputs[0])
-                    frontier.append(index.values[node.outputs[0]])
+                    frontier.append(index.value(node.outputs[0]))
     return highs
 
 
@@ -434,7 +437,7 @@ def _named_shape(info: onnx.ValueInfoProto) -> tuple[int | str, ...]:
     """An input's dimensions: fixed extents, names, and ``input[axis]`` for unnamed ones."""
     if not info.type.HasField("tensor_type"):
         raise UserError(f"input {info.name!r} is not a tensor; pass its data with --inputs")
-    return tuple(_fixed(d) if _fixed(d) is not None else d.dim_param or input_dims.unnamed_dim(info.name, axis)
+    return tuple(fixed if (fixed := _fixed(d)) is not None else d.dim_param or input_dims.unnamed_dim(info.name, axis)
                  for axis, d in enumerate(info.type.tensor_type.shape.dim))
 
 

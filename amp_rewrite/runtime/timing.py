@@ -104,6 +104,7 @@ def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: 
     def work(progress) -> list[Timing | str]:
         live: dict[int, tuple] = {}
         found: list[Timing | str] = []
+        timings: dict[int, Timing] = {}  # the entries of ``found`` that are timings, by position
         for position, entry in enumerate(models):
             progress(f"creating the session of {entry.label} on {provider}")
             try:
@@ -112,8 +113,9 @@ def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: 
                 found.append(instrument.first_line(exc, limit=1000))
                 continue
             live[position] = (session, bound)
-            found.append(Timing([], _binding_text(provider, device), host_side_profile=provider in ASYNCHRONOUS,
-                                device_memory_bytes=memory))
+            timings[position] = Timing([], _binding_text(provider, device), host_side_profile=provider in ASYNCHRONOUS,
+                                       device_memory_bytes=memory)
+            found.append(timings[position])
         progress(f"timing {len(live)} models on {provider}")
         order = list(live)
         for run in range(runs):
@@ -122,12 +124,12 @@ def time_models(models: Sequence[Timed], provider: str, warmup: int = 10, runs: 
                 binding = bound[run % len(bound)]
                 started = time.perf_counter()
                 session.run_with_iobinding(binding)
-                found[position].latencies_ms.append(1000.0 * (time.perf_counter() - started))
+                timings[position].latencies_ms.append(1000.0 * (time.perf_counter() - started))
         live.clear()
         if profile_runs > 0:
             for position in order:
                 progress(f"profiling {models[position].label} on {provider}")
-                found[position].nodes = _profile(models[position], provider, device, profile_runs)
+                timings[position].nodes = _profile(models[position], provider, device, profile_runs)
         return found
 
     return isolated(work, "onnxruntime (bench)")

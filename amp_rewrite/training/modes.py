@@ -68,12 +68,12 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
                 tensors[stat] = copy
                 dropped.add(stat)
         if mean not in tensors or var not in tensors:
-            via = {n.proto.op_type for n in (index.producer_node(index.values[node.inputs[i]]) for i in (3, 4))
+            via = {n.proto.op_type for n in (index.producer_node(index.value(node.inputs[i])) for i in (3, 4))
                    if n is not None}
             raise UserError(f"BatchNormalization {node.label!r}: its running statistics are not initializers "
                             f"(computed by {', '.join(sorted(via)) or 'graph inputs'}), so they cannot be updated; "
                             f"train with them frozen: --batchnorm freeze (batchnorm='freeze')")
-        shape = sizes.shape(index.values[node.inputs[0]])
+        shape = sizes.shape(index.value(node.inputs[0]))
         if shape is None:
             raise UserError(f"BatchNormalization {node.label!r}: the rank of its input is unknown")
         attrs = {a.name: helper.get_attribute_value(a) for a in proto_node.attribute}

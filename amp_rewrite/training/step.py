@@ -34,6 +34,7 @@ from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
+from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.specialize import specialized
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
@@ -237,6 +238,7 @@ def _with_loss(model: onnx.ModelProto, loss: str, output: str | None,
     proto = differentiable(onnx.ModelProto.FromString(model.SerializeToString()))
     if loss not in LOSSES:
         return proto, loss, None
+    assert output is not None  # ``build`` refused a standard loss without the output it applies to
     attached = attach_loss(proto, loss, output, labels)
     return proto, attached.loss, attached.labels
 
@@ -251,8 +253,9 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
         return rewrite(proto, settings.validated(), None)
     names = set(samples.graph_inputs(proto))
     generated = ((attempt.samples, _GENERATED) for attempt in samples.attempts(proto, None, settings.seed))
+    own: list[tuple[Sequence[Mapping[str, np.ndarray]], str]] = [(list(given), "the training data")] if given else []
     refused = None
-    for data, said in itertools.chain([(list(given), "the training data")] if given else [], generated):
+    for data, said in itertools.chain(own, generated):
         measured = [{**{k: v for k, v in sample.items() if k in names}, **initial} for sample in data]
         if said == _GENERATED and labels is not None and measured[0][labels].dtype.kind == "i":
             measured[0][labels] = np.zeros_like(measured[0][labels])  # class 0 exists in every model
@@ -265,7 +268,7 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
     analysis, stats = rewrite(proto, replace(settings, range_check="off").validated(), None)
     analysis.range_check = f"NOT RUN: {refused}"
     analysis.notes.append(f"warning: NO RANGE WAS MEASURED: {refused}; the training step's values were not checked "
-                          f"for overflow in {settings.validated().precision.value}")
+                          f"for overflow in {Precision(settings.validated().precision).value}")
     return analysis, stats
 
 
@@ -370,6 +373,7 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
         outputs[stat.input] = b.op("Where", found_inf, stat.input, moved) if scaling.checks else moved
         carried.append(Carried(stat.input, "", list(stat.value.shape), role=stat.role))
     next_step = b.op("Where", hold, "step", taking) if keeps else taking
+    scaling_state: tuple[str, ...]
     if scaling.mode == "dynamic":
         scaling_state = update(b, scaling, "loss_scale", "clean_steps", found_inf)
         if window:  # the scale changes once a window, when it is applied
@@ -399,7 +403,7 @@ def save(step: TrainingStep, path: str | os.PathLike) -> None:
     """Write the step graph, its description (``.json``) and its first values (``.init.npz``)."""
     stem = os.fspath(path)
     with open(stem + ".init.npz.part", "wb") as sink:
-        np.savez(sink, **step.initial)
+        np.savez(sink, **step.initial)  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle too
     io.save_text(Path(stem + ".json"), step.spec.to_json())
     io.save(step.model, path, None)
     os.replace(stem + ".init.npz.part", stem + ".init.npz")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -197,7 +198,7 @@ class Trainer:
                     print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4f} scale "
                           f"{result.scale:g} skipped {skipped} {rate:.0f} samples/s", end="", file=sys.stderr)
             finite = [v for v in losses if math.isfinite(v)]
-            record = {"epoch": epoch, "loss": float(np.mean(finite)) if finite else float("nan"),
+            record: dict[str, Any] = {"epoch": epoch, "loss": float(np.mean(finite)) if finite else float("nan"),
                       "skipped": skipped, "seconds": time.perf_counter() - started, "scale": self.scale}
             if eval_data is not None:
                 record["eval"] = self.evaluate(eval_data, batch_size)
@@ -244,7 +245,8 @@ class Trainer:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
-            np.savez(handle, **self.state(), **{EPOCH_KEY: np.array(epoch)})
+            # numpy's stub reads the arrays' names as its allow_pickle flag too: hence the ignore
+            np.savez(handle, **self.state(), **{EPOCH_KEY: np.array(epoch)})  # type: ignore[arg-type]
         os.replace(handle.name, path)
 
     def resume(self, path: str | os.PathLike) -> int:
@@ -261,7 +263,8 @@ class Trainer:
         they disagree. A cross-entropy taken of probabilities as if they were logits falls while
         the real cross-entropy rises."""
         spec = self.spec
-        if spec.loss_kind is None or self.batching.axis(spec.labels) != 0 or spec.labels in self.batching.fixed:
+        if (spec.loss_kind is None or spec.labels is None  # (a standard loss has its labels)
+                or self.batching.axis(spec.labels) != 0 or spec.labels in self.batching.fixed):
             return  # the reference reads samples on axis 0
         feeds = self.batching.take(data, spec.data, slice(0, rows))
         session = instrument.session(self.with_weights(self.step_graph.forward))
@@ -286,15 +289,16 @@ class Trainer:
         inputs = self.spec.data
         count = self.batching.count(data, inputs)
         total, correct = 0.0, 0
-        classes = self.spec.labels is not None and data[self.spec.labels].dtype.kind in "iu"
+        labels = self.spec.labels
+        classes = labels is not None and data[labels].dtype.kind in "iu"
         for start in range(0, count, batch_size):
             feeds = self.batching.take(data, inputs, slice(start, start + batch_size))
             with instrument.refusals("the model", "CPUExecutionProvider"):
                 loss, *outputs = session.run(names, feeds)
             rows = min(batch_size, count - start)
             total += float(loss) * rows
-            if classes and outputs and outputs[0].ndim == 2:
-                correct += int(np.sum(outputs[0].argmax(axis=1) == feeds[self.spec.labels]))
+            if classes and labels is not None and outputs and outputs[0].ndim == 2:
+                correct += int(np.sum(outputs[0].argmax(axis=1) == feeds[labels]))
         result = {"loss": total / count}
         if classes:
             result["accuracy"] = correct / count

@@ -64,7 +64,7 @@ FLOAT32_BASELINES = {
     "CUDAExecutionProvider": (("float32 (TF32 off)", {"use_tf32": "0"}), ("float32 (TF32 on)", {"use_tf32": "1"})),
 }
 """The float32 runs per provider (label, provider options); the first is the baseline."""
-PLAIN_BASELINE = (("float32", {}),)
+PLAIN_BASELINE: tuple[tuple[str, dict[str, str]], ...] = (("float32", {}),)
 
 
 @dataclass
@@ -196,8 +196,9 @@ def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequ
         else:
             raise UserError(f"ONNX Runtime cannot run the float32 model: {first_refusal}")
         reasons = _reasons(original, original_dir, options, "" if conversion else "amp-rewrite would keep it float32: ")
-        reference = timings[0]
-        rows = [_row(entry.label, timing, reference) for entry, timing in zip(baselines, timings)]
+        measured = [t for t in timings[:len(baselines)] if isinstance(t, Timing)]  # every one: none was refused
+        reference = measured[0]
+        rows = [_row(entry.label, timing, reference) for entry, timing in zip(baselines, measured)]
         failed = {}
         for (label, proto, _), timing in zip(candidates, timings[len(baselines):]):
             if isinstance(timing, str):  # a mixed model ONNX Runtime refuses (a peer's invalid output)
@@ -342,7 +343,7 @@ def off_tensor_cores(node: NodeTime, input_shape) -> list[int] | None:
     ``input_shape(node, position)`` gives an input's shape."""
     rule = TENSOR_CORE_DIMS.get(node.op_type)
     shape = input_shape(node, rule[0]) if rule else None
-    if not shape:
+    if rule is None or not shape:
         return None
     dims = [shape[axis] for axis in rule[1] if -len(shape) <= axis < len(shape)]
     return dims if any(d % TENSOR_CORE_MULTIPLE for d in dims) else None
@@ -385,9 +386,9 @@ def _causes(row: ModelBench, nodes: list[NodeTime], baseline: list[NodeTime], fa
     same_in_float32 = ms(n for n in baseline if n.name in low_nodes)
     low_ms = sum(ms for name, ms in low_nodes.items() if name in in_baseline)
     fallback_ms = ms(inserted) + ms(n for n in nodes if n.name in fallen)
-    top_ops = Counter()
+    top_ops = Counter[str]()
     for node in float32:
-        top_ops[node.op_type] += node.ms
+        top_ops[node.op_type] += node.ms  # type: ignore[assignment]  # (milliseconds: typeshed's Counter counts ints)
     return [
         (fallback_ms, f"{provider} has no {low} kernel for {', '.join(row.fallbacks) or 'some nodes'}: ONNX Runtime "
                       f"ran {len(fallen)} of the model's {low} nodes in float32 or on another provider"

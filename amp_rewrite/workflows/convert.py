@@ -78,16 +78,19 @@ def _convert(model, output, options: ConvertOptions):
     _record_decisions(proto, analysis)
     _declare_ir_version(proto, analysis)
     saving = time.perf_counter()
-    spent: Counter[str] = Counter()  # seconds by step of a first conversion that the range check undid
+    # seconds by step of a first conversion that the range check undid (the ignores below: typeshed's
+    # Counter counts ints alone)
+    spent: Counter[str] = Counter()
     if kind == "path":
         try:
             written = _save(proto, model, output, base_dir, stats, analysis)
             if written is None:  # the range check keeps nodes float32: convert again with its measurement
                 spent.update(analysis.seconds)
-                spent[_SAVE] += time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
+                saved = time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
+                spent[_SAVE] += saved  # type: ignore[assignment]
                 reloading = time.perf_counter()
                 proto = io.load(model, borrow=io.EXTERNAL_THRESHOLD)
-                spent[_LOAD] += time.perf_counter() - reloading
+                spent[_LOAD] += time.perf_counter() - reloading  # type: ignore[assignment]
                 analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
                 _record_decisions(proto, analysis)
                 _declare_ir_version(proto, analysis)
@@ -114,8 +117,8 @@ def _convert(model, output, options: ConvertOptions):
     report.validation = validation
     report.seconds = time.perf_counter() - started
     spent.update(analysis.seconds)
-    spent[_LOAD] += loaded - started
-    spent[_SAVE] += time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
+    spent[_LOAD] += loaded - started  # type: ignore[assignment]
+    spent[_SAVE] += time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)  # type: ignore[assignment]
     report.stages = _stages(spent)
     return result, report
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from amp_rewrite.ir import io
+from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
 from amp_rewrite.numerics.check import (
     DEFAULT_PROVIDER,
@@ -75,7 +76,7 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         data += samples.resolve(options.calibrate, proto)
     watched = instrument.float_values(proto)
     reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched,
-                          thresholds=instrument.Thresholds.of(options.precision),
+                          thresholds=instrument.Thresholds.of(Precision(options.precision)),
                           what="float32 model")
     expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]

@@ -150,8 +150,8 @@ def _window_adjoint(ctx: Context, grad: str, weight: str, win: Window, x: str, s
     y = b.op("ConvTranspose", grad, weight, **attrs)
     if max(win.strides) > 1:
         y = b.op("Pad", y, b.ints([0] * (2 + len(axes)) + [0, 0] + [s - 1 for s in win.strides]))
-    ends = b.op("Add", b.ints(win.begin), _spatial_value(ctx, x))
-    return b.op("Slice", y, b.ints(win.begin), ends, b.ints(axes))
+    stops = b.op("Add", b.ints(win.begin), _spatial_value(ctx, x))
+    return b.op("Slice", y, b.ints(win.begin), stops, b.ints(axes))
 
 
 def _weight_grad(ctx: Context, a: str, a_spatial: Dims | None, channels: int, other: str,
@@ -198,7 +198,7 @@ def _bias_grad(ctx: Context, grad: str, n: int) -> str:
 def _conv(ctx: Context):
     """Y = X (*) W + B, windows per ``Window``; dX a ConvTranspose of GO with W, dW a Conv of X
     with GO, dB the sum of GO over all axes but channels."""
-    x, w, g = ctx.I(0), ctx.I(1), ctx.GO(0)
+    x, w, g = ctx.I(0), ctx.I(1), ctx.go_or_zeros(0)
     group = ctx.attr("group", 1)
     kernel = _kernel(ctx, w)
     spatial = _spatial(ctx, x)
@@ -229,7 +229,7 @@ def _channels(ctx: Context, x: str, w: str, axis: int, group: int) -> int:
 def _conv_transpose(ctx: Context):
     """Y = ConvTranspose(X, W) + B; dX a Conv of GO with W (same strides, pads, dilations, group),
     dW a Conv of GO with X, dB the sum of GO over all axes but channels."""
-    b, x, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
+    b, x, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.go_or_zeros(0)
     group = ctx.attr("group", 1)
     kernel = _kernel(ctx, w)
     n = len(kernel)
@@ -310,7 +310,7 @@ def _average_pool(ctx: Context):
     ConvTranspose with a ones kernel over N*C single-channel images). The divisor is the
     kernel's size unless pads are excluded from it (count_include_pad=0) or ceil_mode cuts the
     last windows short; then it varies per position, see :func:`_inverse_divisors`."""
-    x, g = ctx.I(0), ctx.GO(0)
+    x, g = ctx.I(0), ctx.go_or_zeros(0)
     kernel = tuple(ctx.attr("kernel_shape"))
     ceil_mode = bool(ctx.attr("ceil_mode", 0))
     spatial = _spatial(ctx, x)

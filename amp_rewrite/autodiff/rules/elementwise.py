@@ -30,7 +30,7 @@ def masked(op: str, mask, constant: tuple[int, ...] = ()) -> None:
 
     @register(op, constant=constant)
     def build(ctx: Context):
-        return {0: where(ctx, mask(ctx, ctx.b), ctx.GO(0))}
+        return {0: where(ctx, mask(ctx, ctx.b), ctx.go_or_zeros(0))}
 
 
 def where(ctx: Context, condition: str, grad: str, otherwise: str | None = None) -> str:
@@ -70,26 +70,26 @@ def _square(b: GraphBuilder, x: str) -> str:
 def _hard_sigmoid(ctx: Context):
     b = ctx.b
     inside = b.op("And", b.op("Greater", ctx.O(0), _zero(ctx)), b.op("Less", ctx.O(0), b.const(1.0, like=ctx.O(0))))
-    return {0: where(ctx, inside, ctx.scale(ctx.GO(0), ctx.attr("alpha", 0.2)))}
+    return {0: where(ctx, inside, ctx.scale(ctx.go_or_zeros(0), ctx.attr("alpha", 0.2)))}
 
 
 @register("LeakyRelu")
 def _leaky_relu(ctx: Context):
-    alpha = ctx.attr("alpha", 0.01)
-    return {0: where(ctx, ctx.b.op("Greater", ctx.I(0), _zero(ctx)), ctx.GO(0), ctx.scale(ctx.GO(0), alpha))}
+    alpha, g = ctx.attr("alpha", 0.01), ctx.go_or_zeros(0)
+    return {0: where(ctx, ctx.b.op("Greater", ctx.I(0), _zero(ctx)), g, ctx.scale(g, alpha))}
 
 
 @register("Elu")
 def _elu(ctx: Context):
-    b, x, y = ctx.b, ctx.I(0), ctx.O(0)
+    b, x, y, g = ctx.b, ctx.I(0), ctx.O(0), ctx.go_or_zeros(0)
     alpha = b.const(ctx.attr("alpha", 1.0), like=x)
-    return {0: where(ctx, b.op("Greater", x, _zero(ctx)), ctx.GO(0), b.op("Mul", ctx.GO(0), b.op("Add", y, alpha)))}
+    return {0: where(ctx, b.op("Greater", x, _zero(ctx)), g, b.op("Mul", g, b.op("Add", y, alpha)))}
 
 
 @register("HardSwish")
 def _hard_swish(ctx: Context):
     """y = x * clip(x/6 + 1/2, 0, 1): dy/dx is 0 below -3, 1 above 3, x/3 + 1/2 between."""
-    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
+    b, x, g = ctx.b, ctx.I(0), ctx.go_or_zeros(0)
     slope = b.op("Add", b.op("Div", x, b.const(3.0, like=x)), b.const(0.5, like=x))
     inner = b.op("Mul", g, slope)
     return {0: where(ctx, b.op("Greater", x, b.const(3.0, like=x)), g,
@@ -98,7 +98,7 @@ def _hard_swish(ctx: Context):
 
 @register("Clip", since=11, constant=(1, 2))
 def _clip(ctx: Context):
-    return {0: where(ctx, _inside(ctx, ctx.I(1) or None, ctx.I(2) or None), ctx.GO(0))}
+    return {0: where(ctx, _inside(ctx, ctx.I(1) or None, ctx.I(2) or None), ctx.go_or_zeros(0))}
 
 
 def _inside(ctx: Context, low: str | None, high: str | None) -> str:
@@ -124,7 +124,8 @@ def _prelu(ctx: Context):
     positive = b.op("Greater", x, _zero(ctx))
     grads = {}
     if ctx.wants(0):
-        grads[0] = ctx.unbroadcast(where(ctx, positive, ctx.GO(0), b.op("Mul", ctx.GO(0), slope)), x, ctx.O(0))
+        g = ctx.go_or_zeros(0)
+        grads[0] = ctx.unbroadcast(where(ctx, positive, g, b.op("Mul", g, slope)), x, ctx.O(0))
     if ctx.wants(1):
         grads[1] = ctx.unbroadcast(where(ctx, positive, b.const(0.0, like=x), b.op("Mul", ctx.GO(0), x)),
                                    slope, ctx.O(0))
@@ -134,12 +135,12 @@ def _prelu(ctx: Context):
 # -- broadcasting binary and variadic ---------------------------------------------------------------
 @register("Add", "Sum")
 def _add(ctx: Context):
-    return {i: ctx.unbroadcast(ctx.GO(0), ctx.I(i), ctx.O(0)) for i in range(ctx.input_count) if ctx.wants(i)}
+    return {i: ctx.unbroadcast(ctx.go_or_zeros(0), ctx.I(i), ctx.O(0)) for i in range(ctx.input_count) if ctx.wants(i)}
 
 
 @register("Mean")
 def _mean(ctx: Context):
-    share = ctx.scale(ctx.GO(0), 1 / ctx.input_count)
+    share = ctx.scale(ctx.go_or_zeros(0), 1 / ctx.input_count)
     return {i: ctx.unbroadcast(share, ctx.I(i), ctx.O(0)) for i in range(ctx.input_count) if ctx.wants(i)}
 
 
@@ -147,9 +148,9 @@ def _mean(ctx: Context):
 def _sub(ctx: Context):
     grads = {}
     if ctx.wants(0):
-        grads[0] = ctx.unbroadcast(ctx.GO(0), ctx.I(0), ctx.O(0))
+        grads[0] = ctx.unbroadcast(ctx.go_or_zeros(0), ctx.I(0), ctx.O(0))
     if ctx.wants(1):
-        grads[1] = ctx.b.op("Neg", ctx.unbroadcast(ctx.GO(0), ctx.I(1), ctx.O(0)))  # negated once summed
+        grads[1] = ctx.b.op("Neg", ctx.unbroadcast(ctx.go_or_zeros(0), ctx.I(1), ctx.O(0)))  # negated once summed
     return grads
 
 
@@ -176,7 +177,7 @@ def _div(ctx: Context):
 def _select(ctx: Context):
     """The gradient goes to the input whose value was selected."""
     b = ctx.b
-    return {i: ctx.unbroadcast(where(ctx, b.op("Equal", ctx.I(i), ctx.O(0)), ctx.GO(0)), ctx.I(i), ctx.O(0))
+    return {i: ctx.unbroadcast(where(ctx, b.op("Equal", ctx.I(i), ctx.O(0)), ctx.go_or_zeros(0)), ctx.I(i), ctx.O(0))
             for i in range(ctx.input_count) if ctx.wants(i)}
 
 

@@ -16,7 +16,7 @@ def _transposed(ctx: Context, x: str, rank: int) -> str:
 def _matmul(ctx: Context):
     """dA = dY @ B^T and dB = A^T @ dY over broadcast batch axes, summed back to each input's
     shape; a 1-D operand is a row (A) or column (B) vector whose axis the product drops."""
-    b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
+    b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.go_or_zeros(0)
     ra, rb = ctx.rank(a), ctx.rank(w)
     if ra is None or rb is None:
         raise ctx.error("the ranks of its inputs are unknown (shape inference could not find them)", dynamic=True)
@@ -52,6 +52,7 @@ def _sum_to(ctx: Context, grad: str, x: str, batch: int, squeeze: int | None) ->
     if squeeze is not None:
         return b.reduce_sum(b.axes_op("Squeeze", grad, [squeeze]), list(range(batch)), keepdims=0)
     x_shape, y_shape = ctx.shape(x), ctx.shape(ctx.O(0))
+    assert x_shape is not None  # the caller knows x's rank
     lead = batch - (len(x_shape) - 2)
     ones = []
     for i, d in enumerate(x_shape[:-2]):
@@ -68,7 +69,7 @@ def _sum_to(ctx: Context, grad: str, x: str, batch: int, squeeze: int | None) ->
 @register("Gemm")
 def _gemm(ctx: Context):
     """Y = alpha * A' @ B' + beta * C with A' = A or A^T, B' = B or B^T; each gradient is a Gemm."""
-    b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
+    b, a, w, g = ctx.b, ctx.I(0), ctx.I(1), ctx.go_or_zeros(0)
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
     ta, tb = ctx.attr("transA", 0), ctx.attr("transB", 0)
     grads = {}

@@ -29,7 +29,7 @@ def _transpose(ctx: Context):
 
 @register("Expand")
 def _expand(ctx: Context):
-    return {0: ctx.unbroadcast(ctx.GO(0), ctx.I(0), ctx.O(0))}
+    return {0: ctx.unbroadcast(ctx.go_or_zeros(0), ctx.I(0), ctx.O(0))}
 
 
 @register("Tile")
@@ -51,8 +51,9 @@ def _concat(ctx: Context):
     """Split GO along the axis into pieces as long as each input."""
     b, axis = ctx.b, ctx.attr("axis")
     lengths = [_extent(ctx, ctx.I(i), axis) for i in range(ctx.input_count)]
-    if all(isinstance(n, int) for n in lengths):
-        sizes = b.ints(lengths)
+    static = [n for n in lengths if isinstance(n, int)]
+    if len(static) == len(lengths):
+        sizes = b.ints(static)
     else:
         sizes = b.op("Concat", *[b.ints([n]) if isinstance(n, int) else n for n in lengths], axis=0)
     pieces = b.ops("Split", ctx.GO(0), sizes, outputs=ctx.input_count, axis=axis)
@@ -82,10 +83,15 @@ def _slice(ctx: Context):
     steps = ctx.constant(4) if ctx.I(4) else None
     if ctx.I(4) and (steps is None or np.any(steps != 1)):
         return {0: _slice_by_scatter(ctx)}
-    rank, axes, starts = ctx.rank(x), ctx.constant(3) if ctx.I(3) else None, ctx.static_shape(ctx.I(1))
-    if rank is None or (ctx.I(3) and axes is None) or (axes is None and starts is None):
+    rank, given, starts = ctx.rank(x), ctx.constant(3) if ctx.I(3) else None, ctx.static_shape(ctx.I(1))
+    if rank is None or (ctx.I(3) and given is None):
         return {0: _slice_by_scatter(ctx)}
-    axes = list(range(starts[0])) if axes is None else [int(a) % rank for a in axes]
+    if given is not None:
+        axes = [int(a) % rank for a in given]
+    elif starts is not None:
+        axes = list(range(starts[0]))
+    else:
+        return {0: _slice_by_scatter(ctx)}
     dims = b.op("Gather", ctx.shape_value(x), b.ints(axes), axis=0)
     begin, end = _clamp(ctx, ctx.I(1), dims), _clamp(ctx, ctx.I(2), dims)
     after = b.op("Sub", dims, end)
@@ -126,7 +132,7 @@ def _gather(ctx: Context):
     if rank is None or index_rank is None:
         raise ctx.error("the ranks of its inputs are unknown", dynamic=True)
     axis = ctx.attr("axis", 0) % rank
-    grad = ctx.GO(0)
+    grad = ctx.go_or_zeros(0)
     if index_rank == 0:  # a scalar index dropped the axis: restore it
         grad, indices, index_rank = b.axes_op("Unsqueeze", grad, [axis]), b.axes_op("Unsqueeze", indices, [0]), 1
     front = [axis, *[a for a in range(rank) if a != axis]]

@@ -102,7 +102,7 @@ def _softmax_grad(ctx: Context, axes: list[int]) -> str:
 
 
 def _log_softmax_grad(ctx: Context, axes: list[int]) -> str:
-    return _log_softmax_backward(ctx, ctx.b.op("Exp", ctx.O(0)), ctx.GO(0), axes)
+    return _log_softmax_backward(ctx, ctx.b.op("Exp", ctx.O(0)), ctx.go_or_zeros(0), axes)
 
 
 def _log_softmax_backward(ctx: Context, prob: str, g: str, axes: list[int]) -> str:
@@ -160,19 +160,19 @@ def _softmax_cross_entropy(ctx: Context):
     b, scores = ctx.b, ctx.I(0)
     prob = b.op("Exp", ctx.O(1)) if ctx.O(1) else b.op("Softmax", scores, axis=1)
     parts = []
-    if ctx.GO(0) is not None:
-        labels, u = _label_coefficients(ctx, ctx.GO(0))
+    if (loss_grad := ctx.GO(0)) is not None:
+        labels, u = _label_coefficients(ctx, loss_grad)
         spread = b.op("Mul", prob, b.axes_op("Unsqueeze", u, [1]))
         parts.append(b.op("Sub", spread, _at_labels(ctx, labels, u)))
-    if ctx.GO(1) is not None:
-        parts.append(_log_softmax_backward(ctx, prob, ctx.GO(1), [1]))
+    if (log_prob_grad := ctx.GO(1)) is not None:
+        parts.append(_log_softmax_backward(ctx, prob, log_prob_grad, [1]))
     return {0: parts[0] if len(parts) == 1 else b.op("Add", *parts)}
 
 
 @register("NegativeLogLikelihoodLoss", since=12, constant=(2,))
 def _negative_log_likelihood(ctx: Context):
     """loss = -w[label] * input[label]: d input = -u at the label."""
-    labels, u = _label_coefficients(ctx, ctx.GO(0))
+    labels, u = _label_coefficients(ctx, ctx.go_or_zeros(0))
     return {0: ctx.b.op("Neg", _at_labels(ctx, labels, u))}
 
 
@@ -215,7 +215,7 @@ def _batch_norm(ctx: Context):
 @register("InstanceNormalization", since=6)
 def _instance_norm(ctx: Context):
     """Normalised over the spatial axes of each (n, c); scale and B per channel."""
-    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
+    b, x, g = ctx.b, ctx.I(0), ctx.go_or_zeros(0)
     rank = _rank(ctx, x)
     norm = Normalised(ctx, x, range(2, rank), ctx.attr("epsilon", 1e-5))
     grads = _per_channel_affine(ctx, g, norm.x_hat, [0, *range(2, rank)])
@@ -239,7 +239,7 @@ def _layer_norm(ctx: Context):
     """Normalised over ``axis`` and every axis after it; Scale and B broadcast against the
     normalised shape. The Mean and InvStdDev outputs are not differentiated: a loss that reads
     them is refused rather than given a wrong gradient."""
-    b, x, scale, y, g = ctx.b, ctx.I(0), ctx.I(1), ctx.O(0), ctx.GO(0)
+    b, x, scale, y, g = ctx.b, ctx.I(0), ctx.I(1), ctx.O(0), ctx.go_or_zeros(0)
     if ctx.GO(1) is not None or ctx.GO(2) is not None:
         raise ctx.error("only its output Y is differentiated, not Mean or InvStdDev")
     norm = Normalised(ctx, x, _trailing_axes(ctx, x, ctx.attr("axis", -1)), ctx.attr("epsilon", 1e-5))
@@ -258,7 +258,7 @@ def _group_norm(per_channel: bool):
     ``[N, G, -1]``); scale and bias per group (opset 18) or per channel (opset 21)."""
 
     def build(ctx: Context):
-        b, x, scale, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
+        b, x, scale, g = ctx.b, ctx.I(0), ctx.I(1), ctx.go_or_zeros(0)
         groups = b.ints([0, ctx.attr("num_groups"), -1])
         norm = Normalised(ctx, b.op("Reshape", x, groups), [2], ctx.attr("epsilon", 1e-5))
         if per_channel:
@@ -287,7 +287,7 @@ def _dropout(ctx: Context):
     """Inference (no ``training_mode``, false, or ratio 0): the identity. Training:
     GI = GO * mask / (1 - ratio) with the forward's own mask; a ``training_mode`` known only
     at run time selects between the two with ``Where``."""
-    b, g = ctx.b, ctx.GO(0)
+    b, g = ctx.b, ctx.go_or_zeros(0)
     mode = ctx.constant(2) if ctx.I(2) else False
     ratio = ctx.constant(1) if ctx.I(1) else 0.5
     if (mode is not None and not bool(mode)) or (ratio is not None and float(ratio) == 0):

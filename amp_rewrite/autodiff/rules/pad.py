@@ -24,16 +24,16 @@ def _pad(ctx: Context):
     reflect, edge, wrap: the padded borders' gradients are added back onto the input positions
     they copy, axis by axis."""
     mode = ctx.attr("mode", "constant")
-    x, g = ctx.I(0), ctx.GO(0)
+    x, g = ctx.I(0), ctx.go_or_zeros(0)
     rank = ctx.rank(x)
-    pads = ctx.constant(1)
+    pad_values = ctx.constant(1)
     axes = _pad_axes(ctx, rank)
-    if pads is None:
+    if pad_values is None:
         if mode != "constant":
             return {0: _uncopy_runtime(ctx, g, mode, rank, axes)} if ctx.wants(0) else {}
         kept = _unpad_runtime(ctx, g, rank)
     else:
-        pads = [int(p) for p in pads.ravel()]
+        pads = [int(p) for p in pad_values.ravel()]
         n = len(pads) // 2
         if axes is None:
             axes = list(range(n))
@@ -119,14 +119,18 @@ def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[
     if any(p < 0 for p in begin + end):
         raise ctx.error(f"negative pads (crops) in mode {mode!r} are not supported")
     shape = ctx.shape(ctx.I(0))
-    padded = [(a, p, q, shape[a] if shape is not None else None) for a, p, q in zip(axes, begin, end) if p or q]
-    for a, p, q, size in padded:  # all checked before any node is built
+    padded: list[tuple[int, int, int, int]] = []
+    for a, p, q in zip(axes, begin, end):  # all checked before any node is built
+        if not (p or q):
+            continue
+        size = shape[a] if shape is not None else None
         if not isinstance(size, int):
             raise ctx.error(f"mode {mode!r} needs the static extent of padded axis {a}", dynamic=True)
         if mode == "reflect" and max(p, q) > size - 1:
             raise ctx.error(f"reflect pads of {max(p, q)} exceed the extent {size} of axis {a} less one")
         if mode == "wrap" and max(p, q) > size:
             raise ctx.error(f"wrap pads of {max(p, q)} exceed the extent {size} of axis {a}")
+        padded.append((a, p, q, size))
     grad = g
     for a, p, q, size in padded:
         grad = _unpad_axis(ctx, grad, mode, a, p, q, size)
@@ -136,6 +140,7 @@ def _unpad_copies(ctx: Context, g: str, mode: str, axes: list[int], begin: list[
 def _unpad_axis(ctx: Context, g: str, mode: str, axis: int, before: int, after: int, extent: int) -> str:
     b = ctx.b
     rank = ctx.rank(ctx.I(0))
+    assert rank is not None  # the caller read the input's static extents
 
     def cut(start: int, stop: int, step: int = 1) -> str:
         return b.op("Slice", g, b.ints([start]), b.ints([stop]), b.ints([axis]), b.ints([step]))

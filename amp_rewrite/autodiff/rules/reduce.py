@@ -55,7 +55,7 @@ def _reduced_count(ctx: Context, op: str) -> str:
 
 @register("ReduceSum")
 def _reduce_sum(ctx: Context):
-    return {0: expand_back(ctx, ctx.GO(0), "ReduceSum")}
+    return {0: expand_back(ctx, ctx.go_or_zeros(0), "ReduceSum")}
 
 
 @register("ReduceMean")
@@ -70,33 +70,33 @@ def _reduce_select(ctx: Context):
     """The gradient goes to the elements equal to the selected value."""
     b, op = ctx.b, ctx.node.op_type
     picked = b.op("Equal", ctx.I(0), expand_back(ctx, ctx.O(0), op))
-    grad = expand_back(ctx, ctx.GO(0), op)
+    grad = expand_back(ctx, ctx.go_or_zeros(0), op)
     return {0: b.op("Where", picked, grad, b.const(0.0, like=grad))}
 
 
 @register("ReduceSumSquare")
 def _reduce_sum_square(ctx: Context):
     b, x = ctx.b, ctx.I(0)
-    grad = expand_back(ctx, ctx.GO(0), "ReduceSumSquare")
+    grad = expand_back(ctx, ctx.go_or_zeros(0), "ReduceSumSquare")
     return {0: b.op("Mul", grad, b.op("Mul", x, b.const(2.0, like=x)))}
 
 
 @register("ReduceL1")
 def _reduce_l1(ctx: Context):
-    return {0: ctx.b.op("Mul", expand_back(ctx, ctx.GO(0), "ReduceL1"), ctx.b.op("Sign", ctx.I(0)))}
+    return {0: ctx.b.op("Mul", expand_back(ctx, ctx.go_or_zeros(0), "ReduceL1"), ctx.b.op("Sign", ctx.I(0)))}
 
 
 @register("ReduceL2")
 def _reduce_l2(ctx: Context):
     b, x = ctx.b, ctx.I(0)
     norm = expand_back(ctx, ctx.O(0), "ReduceL2")
-    return {0: b.op("Mul", expand_back(ctx, ctx.GO(0), "ReduceL2"), b.op("Div", x, norm))}
+    return {0: b.op("Mul", expand_back(ctx, ctx.go_or_zeros(0), "ReduceL2"), b.op("Div", x, norm))}
 
 
 @register("ReduceLogSumExp")
 def _reduce_log_sum_exp(ctx: Context):
     b, x = ctx.b, ctx.I(0)
     softmax = b.op("Exp", b.op("Sub", x, expand_back(ctx, ctx.O(0), "ReduceLogSumExp")))
-    return {0: b.op("Mul", expand_back(ctx, ctx.GO(0), "ReduceLogSumExp"), softmax)}
+    return {0: b.op("Mul", expand_back(ctx, ctx.go_or_zeros(0), "ReduceLogSumExp"), softmax)}
 
 

@@ -30,7 +30,7 @@ def _resize(ctx: Context):
     """Y = X x_k A_k over the resized axes k (A_k: out_k x in_k interpolation weights), so
     dX = GO x_k A_k^T: one MatMul per resized axis with a constant built here from the static
     extents, the constant scales or sizes, and the node's attributes."""
-    b, x, g = ctx.b, ctx.I(0), ctx.GO(0)
+    b, x, g = ctx.b, ctx.I(0), ctx.go_or_zeros(0)
     shape = ctx.shape(x)
     if shape is None:
         raise ctx.error("the rank of its input is not known")
@@ -65,7 +65,7 @@ def _resize_runtime(ctx: Context, rank: int, why: DynamicShapes) -> str:
     b, x = ctx.b, ctx.I(0)
     by_sizes = bool(ctx.I(3))
     constant_scales = None if by_sizes else ctx.constant(2)
-    grad = ctx.GO(0)
+    grad = ctx.go_or_zeros(0)
     for i, axis in enumerate(a % rank for a in ctx.attr("axes") or range(rank)):
         if constant_scales is not None and math.isclose(float(constant_scales.ravel()[i]), 1.0):
             continue  # left alone
@@ -77,7 +77,8 @@ def _resize_runtime(ctx: Context, rank: int, why: DynamicShapes) -> str:
                                      outputs)
         if mode == "nearest":
             picked = _NEAREST[ctx.attr("nearest_mode", "round_prefer_floor")](b, source)
-            reads = [(clipped(b, b.op("Cast", picked, to=TensorProto.INT64), count), None)]
+            reads: list[tuple[str, str | None]] = [(clipped(b, b.op("Cast", picked, to=TensorProto.INT64), count),
+                                                    None)]
         else:
             left = b.op("Floor", source)
             ratio = b.op("Sub", source, left)
@@ -156,14 +157,16 @@ def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]
     extents = {a: shape[a] if isinstance(shape[a], int) and shape[a] >= 0 else None for a in axes}
     if scales is not None:
         factors = {a: float(scales.ravel()[i]) for i, a in enumerate(axes)}
-        outs = {a: None if extents[a] is None else int(factors[a] * extents[a]) for a in axes}
+        outs = {a: None if (size := extents[a]) is None else int(factors[a] * size) for a in axes}
     else:
+        assert sizes is not None  # scales or sizes is a constant (checked above)
         wanted = {a: int(sizes.ravel()[i]) for i, a in enumerate(axes)}
         missing = [a for a in axes if extents[a] is None]
         if missing:
             raise ctx.error(f"it resizes to sizes but the input's extent along axis {missing[0]} is not static",
                             dynamic=True)
-        factors = {a: wanted[a] / extents[a] for a in axes}
+        static = {a: size for a, size in extents.items() if size is not None}  # every axis, here
+        factors = {a: wanted[a] / static[a] for a in axes}
         outs = dict(wanted)
         policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
         if policy != "stretch":
@@ -171,15 +174,16 @@ def _resize_matrices(ctx: Context, shape: tuple) -> list[tuple[int, np.ndarray]]
                 raise ctx.error(f"unknown keep_aspect_ratio_policy {policy!r}")
             scale = (min if policy == "not_larger" else max)(factors.values())
             factors = dict.fromkeys(axes, scale)
-            outs = {a: int(scale * extents[a] + 0.5) for a in axes}
+            outs = {a: int(scale * static[a] + 0.5) for a in axes}
     found = []
     for a in axes:
+        size, out = extents[a], outs[a]
         untouched_roi = roi is None or (math.isclose(roi[a], 0.0) and math.isclose(roi[rank + a], 1.0))
-        if math.isclose(factors[a], 1.0) and untouched_roi and (extents[a] is None or outs[a] == extents[a]):
+        if math.isclose(factors[a], 1.0) and untouched_roi and (size is None or out == size):
             continue  # left alone, as the reference implementation leaves it
-        if extents[a] is None:
+        if size is None or out is None:  # the output extent is None only where the input's is
             raise ctx.error(f"it resizes axis {a}, whose extent is not static", dynamic=True)
-        weights = resize_weights(extents[a], outs[a], factors[a], transform, coefficients,
+        weights = resize_weights(size, out, factors[a], transform, coefficients,
                                  None if roi is None else (roi[a], roi[rank + a]),
                                  bool(ctx.attr("exclude_outside", 0)))
         found.append((a, weights))
@@ -240,6 +244,7 @@ def resize_weights(extent: int, out: int, scale: float, transform: str, coeffici
     elif transform == "asymmetric":
         x = y / scale
     elif transform == "tf_crop_and_resize":
+        assert roi is not None, "tf_crop_and_resize needs the roi"
         start, stop = roi
         x = (np.full(out, (stop - start) * (extent - 1) / 2) if width == 1
              else y * (stop - start) * (extent - 1) / (width - 1)) + start * (extent - 1)

@@ -121,7 +121,7 @@ class Bindings:
         """For a Loop's carried output, its initial value (the Loop's input that it carries)."""
         value = self.index.values[key]
         producer = self.index.producer_node(value)
-        if producer is None or producer.op_type != "Loop" or producer.domain != "":
+        if producer is None or value.producer is None or producer.op_type != "Loop" or producer.domain != "":
             return None
         carried = value.producer[1] + 2
         return producer.inputs[carried] if carried < len(producer.inputs) else None
@@ -159,8 +159,9 @@ class Bindings:
         return numpy_helper.to_array(tensor)
 
     def extent(self, dim: Dim) -> Dim:
-        pin = self.pins.get(dim.name) if isinstance(dim, Sym) else None
-        return dim.at(pin.extent) if pin else dim
+        if isinstance(dim, Sym) and (pin := self.pins.get(dim.name)):
+            return dim.at(pin.extent)
+        return dim
 
     def pin(self, dim: Sym, extent: int, origin: str) -> None:
         """Bind ``dim``'s name so that ``dim`` is ``extent``: of the extents that give it (several
@@ -210,9 +211,9 @@ class Bindings:
             inputs = [m for m in members if m in self.names]
             if len(totals) != 1 or len(inputs) != 1:
                 continue
-            terms = totals[0]
-            if all(isinstance(t, Sym) and t == Sym(t.name) and t.name in self.names and t.name != inputs[0]
-                   for t in terms):
+            terms = [t for t in totals[0] if isinstance(t, Sym)]
+            if len(terms) == len(totals[0]) and all(t == Sym(t.name) and t.name in self.names and t.name != inputs[0]
+                                                    for t in terms):
                 found[inputs[0]] = tuple(t.name for t in terms)
         return found
 
@@ -222,7 +223,7 @@ class Bindings:
         total = summed(dims)
         if total is not None or not all(isinstance(d, int) or (isinstance(d, Sym) and d.affine) for d in dims):
             return total
-        name = "(" + " + ".join(str(d) if isinstance(d, int) else written(d) for d in dims) + ")"
+        name = "(" + " + ".join(written(d) if isinstance(d, Sym) else str(d) for d in dims) + ")"
         self.sums.setdefault(name, tuple(dims))
         return Sym(name)
 
@@ -261,8 +262,8 @@ class Bindings:
             if None in extents or not unknown or not self.inputs_only(unknown):
                 return
             last = unknown[-1].name
-            have = math.prod(d.at(self.least.get(d.name, 1)) if isinstance(d, Sym) and d.name != last else d
-                             for d in extents if not isinstance(d, Sym) or d.name != last)
+            have = math.prod(d.at(self.least.get(d.name, 1)) if isinstance(d, Sym) else d
+                             for d in extents if d is not None and (not isinstance(d, Sym) or d.name != last))
             least = self.least.get(last, 1)
             if have > 0 and least < MAX_SEARCHED:
                 needed = reaching([d for d in unknown if d.name == last], -(-extent // have))
@@ -306,18 +307,21 @@ class Bindings:
             """With one input name left once, alone (x[batch, seq] to [16] with seq 3 leaves batch
             16 / 3), whether a whole extent of it keeps the count."""
             unknown = [(side, d) for side, dims in enumerate(sides) for d in dims if count([d]) is None]
-            if len(unknown) != 1 or unknown[0][1] != Sym(unknown[0][1].name) or unknown[0][1].name not in self.names:
+            if len(unknown) != 1:
                 return True
             side, dim = unknown[0]
+            if not isinstance(dim, Sym) or dim != Sym(dim.name) or dim.name not in self.names:
+                return True
             mine, other = count([d for d in sides[side] if d is not dim]), count(sides[1 - side])
+            assert other is not None  # the one dimension left unknown is on this side
             needed = other / mine if mine else Fraction(1)
             return needed.denominator == 1 and needed >= 1
 
         if any(known[name] > most for name, most in self.most.items() if name in known):
             return False
         for terms, total in self.totals:
-            added = [count([d]) for d in terms]
-            if None not in added and sum(added) != total:
+            added = [c for d in terms if (c := count([d])) is not None]
+            if len(added) == len(terms) and sum(added) != total:
                 return False
         for left, right in self.counts:
             counted = count(left), count(right)

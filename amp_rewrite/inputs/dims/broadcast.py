@@ -28,7 +28,7 @@ from amp_rewrite.ir.graph import Node
 
 @rule("Expand", broadcasting=True)
 def _broadcast(rules: Solver, node: Node) -> None:
-    shapes = [rules.shape(key) for key in node.inputs if key is not None]
+    shapes: list[Sequence[Dim] | None] = [rules.shape(key) for key in node.inputs if key is not None]
     if node.op_type == "Expand":  # the target: constant or computed from Shapes (a product: not followed)
         target = shape_value(rules, node.inputs[1]) if len(node.inputs) > 1 else None
         shapes[1:] = [None if target is None else [None if isinstance(d, tuple) else d for d in target]]
@@ -53,8 +53,9 @@ def _broadcast_dim(column: Sequence[Dim], guessing: bool = False) -> Dim:
 
 @rule("Concat")
 def _concat(rules: Solver, node: Node) -> None:
-    shapes = [rules.shape(key) for key in node.inputs if key is not None]
-    if not shapes or any(s is None or len(s) != len(shapes[0]) for s in shapes):
+    found = [rules.shape(key) for key in node.inputs if key is not None]
+    shapes = [s for s in found if s is not None]
+    if not shapes or len(shapes) != len(found) or any(len(s) != len(shapes[0]) for s in shapes):
         return
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0) % max(len(shapes[0]), 1)
     rules.agree((column for i, column in enumerate(zip(*shapes)) if i != axis), f"Concat {node.label!r}")

@@ -61,7 +61,8 @@ class Solver(Bindings):
                 for a, b in zip(plain, plain[1:]):
                     if self.group(a) != self.group(b):
                         self.together[self.group(a)] = self.group(b)
-                bound = {e for d, e in zip(column, extents) if isinstance(d, Sym) and d.name in self.pins}
+                bound = {e for d, e in zip(column, extents) if isinstance(d, Sym) and d.name in self.pins
+                         and isinstance(e, int)}  # a bound name's dimension is a fixed extent
                 if len(bound) == 1:  # one bound to 1 (x[3] beside y[3] = 1) binds the others to 1
                     for d in extents:
                         if isinstance(d, Sym):
@@ -75,12 +76,13 @@ class Solver(Bindings):
         spread = self.spread(dims)
         extents = [self.extent(d) for d in spread]
         factors = [self.extent(f) for f in factors]
-        if all(isinstance(f, int) for f in factors) and math.prod(factors) > 1:
-            self.divisible.add((tuple(spread), math.prod(factors)))
-        if (not self.multiples or None in extents or not all(isinstance(f, int) for f in factors)
+        fixed = [f for f in factors if isinstance(f, int)]
+        if len(fixed) == len(factors) and math.prod(fixed) > 1:
+            self.divisible.add((tuple(spread), math.prod(fixed)))
+        if (not self.multiples or None in extents or len(fixed) != len(factors)
                 or any(isinstance(e, Fraction) for e in extents)):
             return
-        needed = math.prod(factors)
+        needed = math.prod(fixed)
         have = math.prod(e for e in extents if isinstance(e, int))
         unknown = [e for e in extents if isinstance(e, Sym)]
         if not unknown or needed <= 0 or have <= 0 or not have % needed or not self.inputs_only(unknown):
@@ -124,7 +126,7 @@ class Solver(Bindings):
         left = solved[0] - sum(d for d in map(self.extent, terms) if isinstance(d, int))
         factors: dict[str, list[Sym]] = {}
         for d in terms:
-            if isinstance(self.extent(d), Sym):
+            if isinstance(d, Sym) and isinstance(self.extent(d), Sym):
                 factors.setdefault(d.name, []).append(d)
         if not factors or (len(factors) > 1 and not self.guess):
             return
@@ -144,18 +146,19 @@ class Solver(Bindings):
         scaled, 1 + batch x seq after a Concat with one element, against a fixed count too)."""
         for one, other in ((left, right), (right, left)):
             dims = [self.resolved(d) for d in one]
-            named = [d for d in dims if not isinstance(d, int)]
-            dim = named[0] if len(named) == 1 else None
+            not_fixed = [d for d in dims if not isinstance(d, int)]
+            dim: Dim = not_fixed[0] if len(not_fixed) == 1 else None
             if isinstance(dim, Sym) and dim.name in self.products and dim.affine and dim != Sym(dim.name):
                 have = math.prod(d for d in dims if isinstance(d, int))
                 extents = [self.extent(d) for d in self.spread(other)]
-                if have and all(isinstance(e, int) for e in extents):
-                    count, rest = divmod(math.prod(extents), have)
+                fixed_extents = [e for e in extents if isinstance(e, int)]
+                if have and len(fixed_extents) == len(extents):
+                    count, rest = divmod(math.prod(fixed_extents), have)
                     if not rest and (solved := dim.solved(count)):
                         self.same_count([Sym(dim.name)], [solved], origin)
                 return
         left, right = self.spread(left), self.spread(right)
-        fixed, named = [1, 1], [Counter(), Counter()]
+        fixed, named = [1, 1], [Counter[Sym](), Counter[Sym]()]
         for side, dims in enumerate((left, right)):
             for dim in map(self.extent, dims):
                 if dim is None:
@@ -176,7 +179,7 @@ class Solver(Bindings):
         if not self.inputs_only(unknown[sides[0]]):
             return
         self.counts.add((tuple(left), tuple(right)))
-        side, factors = sides[0], {}
+        side, factors = sides[0], dict[str, list[Sym]]()
         for dim in unknown[sides[0]].elements():
             factors.setdefault(dim.name, []).append(dim)
         if len(factors) > 1 and not self.guess:
@@ -206,10 +209,10 @@ class Solver(Bindings):
                 break
         if chosen is not None:
             self.split([Sym(name) for name in (*others, last)], chosen[1], origin, others=chosen[0])
-            for name, dims in factors.items():  # the extents that give the same factors, where they are rounded
+            for name, parts in factors.items():  # the extents that give the same factors, where they are rounded
                 pin = self.pins.get(name)
-                if pin is not None and not all(d.affine for d in dims):
-                    same = set.intersection(*(set(d.solutions(d.at(pin.extent))) for d in dims))
+                if pin is not None and not all(d.affine for d in parts):
+                    same = set.intersection(*(set(d.solutions(d.at(pin.extent))) for d in parts))
                     if len(same) > 1:
                         self.ranges.setdefault(name, sorted(same))
 

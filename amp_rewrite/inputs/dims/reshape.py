@@ -15,10 +15,10 @@ computed as ``Shape(x)[0] x Shape(x)[1]``) stands for the product, one name for 
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
+from typing import cast
 
 from amp_rewrite.inputs.dims.counting import Solver
 from amp_rewrite.inputs.dims.registry import rule
@@ -59,7 +59,7 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim | tuple[Dim, .
     for [batch, batch] to [0, -1]; 2 x seq for [seq, 2] to [-1]; where several names are left,
     their product as ``multiplied`` gives it: (batch, seq, 2) for [batch, 1, seq, 4] to [2, -1], and
     (batch, seq, 1/2) for [batch, seq] to [2, -1])."""
-    fixed, named = [1, 1], [Counter(), Counter()]
+    fixed, named = [1, 1], [Counter[Sym](), Counter[Sym]()]
     for side, dims in enumerate((data, others)):
         for dim in dims:
             if dim is None:
@@ -76,7 +76,11 @@ def _left_over(data: Sequence[Dim], others: Sequence[Dim]) -> Dim | tuple[Dim, .
         return None
     if not left:
         return fixed[0] // fixed[1]
-    return functools.reduce(multiplied, left.elements(), Fraction(fixed[0], fixed[1]))
+    # the fixed factor first, a fraction (``Dim`` says int: a product's last factor may be one)
+    product: Dim | tuple[Dim, ...] = cast(Dim, Fraction(fixed[0], fixed[1]))
+    for dim in left.elements():
+        product = multiplied(product, dim)
+    return product
 
 
 def _reshaped_from(rules: Solver, key: ValueKey | None) -> Iterator[tuple[tuple[Dim, ...], int, int]]:
@@ -114,15 +118,17 @@ def product_dim(rules: Solver, key: ValueKey | None, position: int, dims: Sequen
     one name scaled (``multiplied``); where several names meet, None, and the fresh name that
     inference gave there (``products``) stands for their product (the first such name for
     each product: the others are its aliases)."""
-    dims = functools.reduce(multiplied, dims, 1)
-    if not isinstance(dims, tuple):
-        return dims
+    product: Dim | tuple[Dim, ...] = 1
+    for dim in dims:
+        product = multiplied(product, dim)
+    if not isinstance(product, tuple):
+        return product
     inferred = rules.index.values[key].shape if key is not None else None
     name = inferred[position] if inferred is not None and position < len(inferred) else None
     if isinstance(name, str) and name not in rules.names and name not in rules.products:
-        same = next((other for other, factors in rules.products.items() if Counter(factors) == Counter(dims)), None)
+        same = next((other for other, factors in rules.products.items() if Counter(factors) == Counter(product)), None)
         if same is None:
-            rules.products[name] = tuple(dims)
+            rules.products[name] = tuple(product)
         else:  # one name for one product: two flattenings of x concatenated are 2 x (batch x seq)
             rules.aliases.setdefault(name, Sym(same))
     return None

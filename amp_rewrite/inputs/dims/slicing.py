@@ -52,7 +52,8 @@ def _range_bounds(rules: Solver, node: Node) -> tuple[Dim | tuple[Dim, ...], ...
     if node.domain != "" or len(node.inputs) != 3:
         return None
     values = [shape_value(rules, key) for key in node.inputs]
-    return tuple(value[0] for value in values) if all(value and len(value) == 1 for value in values) else None
+    firsts = [value[0] for value in values if value and len(value) == 1]
+    return tuple(firsts) if len(firsts) == len(values) else None
 
 
 @rule("Split")
@@ -94,14 +95,14 @@ def _gather(rules: Solver, node: Node) -> None:
         rules.at_least(picked[0], max(int(picked[1].max()) + 1, -int(picked[1].min())), f"for Gather {node.label!r}")
     data = rules.shape(node.inputs[0]) if len(node.inputs) == 2 else None
     axis = next((a.i for a in node.proto.attribute if a.name == "axis"), 0)
-    if data is None or not -len(data) <= axis < len(data) or not isinstance(data[axis], int):
+    if data is None or not -len(data) <= axis < len(data) or not isinstance(extent := data[axis], int):
         return
-    source = rules.index.producer_node(rules.index.values[node.inputs[1]])
+    source = rules.index.producer_node(rules.index.value(node.inputs[1]))
     while source is not None and source.op_type in ("Unsqueeze", "Expand", "Reshape", "Cast") and source.inputs:
-        source = rules.index.producer_node(rules.index.values[source.inputs[0]])
+        source = rules.index.producer_node(rules.index.value(source.inputs[0]))
     bounds = _range_bounds(rules, source) if source is not None and source.op_type == "Range" else None
-    if bounds is not None and bounds[0] == 0 and bounds[2] == 1:
-        rules.at_most(bounds[1], data[axis], f"for Gather {node.label!r}")
+    if bounds is not None and bounds[0] == 0 and bounds[2] == 1 and not isinstance(limit := bounds[1], tuple):
+        rules.at_most(limit, extent, f"for Gather {node.label!r}")  # (a product limits no one name)
 
 
 @rule("Slice")
@@ -126,7 +127,8 @@ def _slice(rules: Solver, node: Node) -> None:
     rules.derive(node.outputs[0], dims)
 
 
-def _bounds(rules: Solver, node: Node, position: int, attribute: str) -> Sequence[Dim] | None:
+def _bounds(rules: Solver, node: Node, position: int,
+            attribute: str) -> Sequence[Dim | tuple[Dim, ...]] | np.ndarray | None:
     """Slice's starts or ends: constants (input or attribute), or dimensions computed from a Shape."""
     if position < len(node.inputs) and node.inputs[position] is not None:
         return shape_value(rules, node.inputs[position])
@@ -152,23 +154,26 @@ def shape_value(rules: Solver, key: ValueKey | None) -> list[Dim | tuple[Dim, ..
     op = node.op_type
     if op == "Shape":
         shape = rules.shape(node.inputs[0])
-        bounds = {a.name: a.i for a in node.proto.attribute}
-        return None if shape is None else list(shape[bounds.get("start", 0):bounds.get("end", len(shape))])
+        attrs = {a.name: a.i for a in node.proto.attribute}
+        return None if shape is None else list(shape[attrs.get("start", 0):attrs.get("end", len(shape))])
     if op in ("Identity", "Cast", "Squeeze", "Unsqueeze"):
         return shape_value(rules, node.inputs[0])
-    parts = [shape_value(rules, k) for k in node.inputs]
-    if any(p is None for p in parts):
+    values = [shape_value(rules, k) for k in node.inputs]
+    parts = [p for p in values if p is not None]
+    if len(parts) != len(values):
         return None
     if op == "Concat":
         return [d for p in parts for d in p]
     if op == "Gather" and len(parts) == 2 and not any(a.name == "axis" and a.i for a in node.proto.attribute):
         data, indices = parts
-        inside = all(isinstance(i, int) and -len(data) <= i < len(data) for i in indices)
-        return [data[i] for i in indices] if inside else None
+        inside = [i for i in indices if isinstance(i, int) and -len(data) <= i < len(data)]
+        return [data[i] for i in inside] if len(inside) == len(indices) else None
     if op == "Slice" and len(parts) in (3, 4, 5):  # a 1-D tensor: one axis, 0
-        bounds = [*parts[1:], *([[0], [1]][len(parts) - 3:])]
-        if all(len(b) == 1 and isinstance(b[0], int) for b in bounds) and bounds[2][0] in (0, -1) and bounds[3][0]:
-            (start,), (end,), _, (step,) = bounds
+        defaults: list[list[Dim | tuple[Dim, ...]]] = [[0], [1]]  # axes, steps
+        bounds = [*parts[1:], *defaults[len(parts) - 3:]]
+        ints = [b[0] for b in bounds if len(b) == 1 and isinstance(b[0], int)]
+        if len(ints) == len(bounds) and ints[2] in (0, -1) and ints[3]:
+            start, end, _, step = ints
             return parts[0][start:end:step]
         return None
     if op in ("Add", "Sub", "Mul") and len(parts) == 2:
@@ -178,9 +183,10 @@ def shape_value(rules: Solver, key: ValueKey | None) -> list[Dim | tuple[Dim, ..
         if op == "Mul":
             return [multiplied(a, b) for a, b in zip(left, right)]
         if op == "Sub":  # only constants are subtracted: a name's negative is no dimension
-            if not all(isinstance(d, int) for d in right):
+            constants = [d for d in right if isinstance(d, int)]
+            if len(constants) != len(right):
                 return None
-            right = [-d for d in right]
+            right = [-d for d in constants]
         return [summed([a, b]) for a, b in zip(left, right)]
     return None
 

@@ -124,7 +124,7 @@ def multiplied(a: Dim | tuple[Dim, ...], b: Dim | tuple[Dim, ...]) -> Dim | tupl
     factors = factors_of([a, b])
     if None in factors:
         return None
-    fixed = math.prod(f for f in factors if not isinstance(f, Sym))
+    fixed = math.prod(f for f in factors if f is not None and not isinstance(f, Sym))
     if isinstance(fixed, Fraction) and fixed.denominator == 1:
         fixed = int(fixed)
     named = [f for f in factors if isinstance(f, Sym)]
@@ -136,17 +136,18 @@ def multiplied(a: Dim | tuple[Dim, ...], b: Dim | tuple[Dim, ...]) -> Dim | tupl
     return (*named, fixed) if fixed != 1 else tuple(named)
 
 
-def summed(dims: Sequence[Dim]) -> Dim:
-    """Fixed extents and dimensions of at most one name added up (Concat's axis, a padded one), or None."""
+def summed(dims: Sequence[Dim | tuple[Dim, ...]]) -> Dim:
+    """Fixed extents and dimensions of at most one name added up (Concat's axis, a padded one), or
+    None (where a product is among them too)."""
     named = [d for d in dims if not isinstance(d, int)]
     total = sum(d for d in dims if isinstance(d, int))
     if not named:
         return total
-    if len(named) == 1 and isinstance(named[0], Sym):  # a rounded one adds whole extents: (a + t x d) // d
-        (one,) = named
+    if len(named) == 1 and isinstance(one := named[0], Sym):  # a rounded one adds whole extents: (a + t x d) // d
         return Sym(one.name, one.offset + total * one.divisor, one.scale, one.divisor)
-    if all(isinstance(d, Sym) and d.affine and d.name == named[0].name for d in named):
-        return Sym(named[0].name, total + sum(d.offset for d in named), sum(d.scale for d in named))
+    syms = [d for d in named if isinstance(d, Sym)]
+    if len(syms) == len(named) and all(d.affine and d.name == syms[0].name for d in syms):
+        return Sym(syms[0].name, total + sum(d.offset for d in syms), sum(d.scale for d in syms))
     return None
 
 

@@ -37,8 +37,9 @@ def _window(rules: Solver, node: Node) -> None:
     attrs = {a.name: a for a in node.proto.attribute}
     spatial = len(data) - 2
     weight = rules.shape(node.inputs[1]) if node.op_type == "Conv" and len(node.inputs) > 1 else None
-    kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else list(weight[2:]) if weight else None
-    if kernel is None or len(kernel) != spatial or not all(isinstance(k, int) for k in kernel):
+    given = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else list(weight[2:]) if weight else None
+    kernel = [k for k in given if isinstance(k, int)] if given is not None else []
+    if given is None or len(given) != spatial or len(kernel) != spatial:
         return
     strides, dilations = (list(attrs[n].ints) if n in attrs else [1] * spatial for n in ("strides", "dilations"))
     auto_pad = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"

@@ -89,7 +89,7 @@ def _pulled_groups(analysis: Analysis, free: set[int],
     values' (value, producer, readers) terms. Constants tie nothing together: they are
     converted ahead of time."""
     index, slots = analysis.index, analysis.slots
-    keys: dict[ValueKey, None] = {}
+    keys: dict[ValueKey | None, None] = {}  # slots hold keys that are there
     for node_id in free:
         node, slot = index.nodes[node_id], slots[node_id]
         for i in slot.inputs:
@@ -110,7 +110,7 @@ def _pulled_groups(analysis: Analysis, free: set[int],
     terms: list[tuple[int, tuple]] = []  # (a free end, the term)
     pulled: list[int] = []
     for key in keys:
-        value = index.values[key]
+        value = index.value(key)
         producer, readers = value_terms(analysis, value, free, fused)
         if producer == OFFLINE:
             continue

@@ -49,6 +49,7 @@ class FindCandidates:
         return slots
 
     def _eligible_for(self, analysis: Analysis, node: Node) -> _Eligible | None:
+        kind: tuple[str, str, tuple[bool, ...] | int, tuple[bool, ...] | int]
         if None in node.inputs or None in node.outputs:
             kind = (node.domain, node.op_type, tuple(k is not None for k in node.inputs),
                     tuple(k is not None for k in node.outputs))

@@ -75,7 +75,7 @@ class InsertCasts:
             needs[self._reads_in(*use, produced)].append(use)
         return needs
 
-    def _reads_in(self, node_id: int, i: int, produced: Color | str) -> Color | str:
+    def _reads_in(self, node_id: int, i: int, produced: Color | str) -> Color:
         """The precision a reader takes a value in: its use's color, or the value's own where
         the reader converts on its own (``Analysis.reads_as_made``)."""
         color = self.analysis.use_color(node_id, i)
@@ -126,6 +126,7 @@ class InsertCasts:
     def _rename(self, value: Value, new_name: str, keep: list[tuple[int, int]]) -> None:
         """Rename the producer's output; readers in ``keep`` stay on the old name (the cast)."""
         index = self.analysis.index
+        assert value.producer is not None  # a value renamed is a node's output
         node_id, k = value.producer
         index.nodes[node_id].proto.output[k] = new_name
         kept = set(keep)
@@ -155,6 +156,7 @@ class InsertCasts:
             self.stats.initializers_converted += 1
             return
         producer = self.analysis.index.producer_node(value)
+        assert producer is not None, "an offline value that is no initializer is a Constant's output"
         if shared:
             node = onnx.NodeProto()
             node.CopyFrom(producer.proto)
@@ -181,7 +183,8 @@ class InsertCasts:
         else:
             convert_embedded(tensor, self.analysis.precision)
 
-    def _converted(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+    def _converted(self, tensor: onnx.TensorProto | None) -> onnx.TensorProto:
+        assert tensor is not None, "KeepUnfitConstants keeps the readers of a Constant of no dense tensor float32"
         array = read_array(tensor, self.analysis.base_dir)
         out = numpy_helper.from_array(array.astype(self.analysis.precision.numpy_type), tensor.name)
         return out

@@ -31,7 +31,8 @@ class KeepQuantizedUnits:
             key = op_key(node.domain, node.op_type)
             if key in DEQUANTIZE or key in QUANTIZE:
                 continue
-            reads, makes = [], []
+            reads: list[Value] = []
+            makes: list[Value] = []
             for is_input, _, value in analysis.slot_values(node_id):
                 (reads if is_input else makes).append(value)
             if not (reads and makes and all(_dequantized(analysis, v) for v in reads)
@@ -39,7 +40,7 @@ class KeepQuantizedUnits:
                 continue
             reason = (f"quantized node unit: {node.op_type} {node.label!r} reads DequantizeLinear and feeds "
                       f"QuantizeLinear, which runtimes fuse with it into one integer {node.op_type}")
-            dequantizers = [v.producer[0] for v in reads]
+            dequantizers = [producer[0] for v in reads if (producer := v.producer) is not None]  # (all of them)
             quantizers = [n for v in makes for n, _ in v.uses]
             for member in (node_id, *dequantizers, *quantizers):
                 if member in coloring.decisions:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from amp_rewrite.ir.graph import INITIALIZER
+import onnx
+
+from amp_rewrite.ir.graph import INITIALIZER, Value
 from amp_rewrite.ir.tensors import constant_tensor, judge_fit, judge_tensors, read_array
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
@@ -18,34 +20,44 @@ class KeepUnfitConstants:
 
     def run(self, analysis: Analysis) -> None:
         index, options = analysis.index, analysis.options
-        pending = []
+        pending: list[tuple[Value, list[tuple[int, int]], onnx.TensorProto]] = []
         decisions = analysis.coloring.decisions
         for value in index.all_values():
             if not analysis.is_float(value) or not analysis.is_offline(value):
                 continue
             readers = [(n, i) for n, i in analysis.slot_readers(value) if decisions[n].color is not Color.FP32]
-            if readers:
-                pending.append((value, readers))
-        tensors = (analysis.constant_of(value) for value, _ in pending)
-        for (value, readers), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
-                                                                options.underflow_share)):
+            if not readers:
+                continue
+            tensor = analysis.constant_of(value)
+            if tensor is None:  # a Constant of no dense tensor (its sparse_value): neither judged nor converted
+                _keep(analysis, value, readers, "no dense tensor (a sparse_value)")
+            else:
+                pending.append((value, readers, tensor))
+        tensors = (tensor for _, _, tensor in pending)
+        for (value, readers, _), fit in zip(pending, judge_tensors(tensors, analysis.base_dir, analysis.precision,
+                                                                   options.underflow_share)):
             problem = fit.problem
             if problem is None and fit.lost_share:
                 readers = [(n, i) for n, i in readers if analysis.zero_singular(n, i)]
                 problem = f"values that flush to zero in {analysis.precision.value}, where a zero gives inf or NaN"
             if problem is None or not readers:
                 continue
-            kind = "initializer" if value.source == INITIALIZER else "Constant"
-            analysis.kept_constants[value.name] = problem
-            for node_id, _ in readers:
-                if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {problem}",
-                                         Priority.SAFETY):
-                    analysis.unfit_readers.add(node_id)
+            _keep(analysis, value, readers, problem)
         for node_id in analysis.slots:
             node = index.nodes[node_id]
             if node.op_type == "ConstantOfShape" and node.domain == "":
                 fill = constant_tensor(node.proto)
-                fit = judge_fit(read_array(fill, None), analysis.precision, options.underflow_share) if fill else None
-                if fit is not None and fit.problem and analysis.coloring.fix(
-                        node_id, Color.FP32, f"fill value has {fit.problem}", Priority.SAFETY):
+                filled = (judge_fit(read_array(fill, None), analysis.precision, options.underflow_share)
+                          if fill else None)
+                if filled is not None and filled.problem and analysis.coloring.fix(
+                        node_id, Color.FP32, f"fill value has {filled.problem}", Priority.SAFETY):
                     analysis.unfit_readers.add(node_id)
+
+
+def _keep(analysis: Analysis, value: Value, readers: list[tuple[int, int]], problem: str) -> None:
+    """The readers of the constant ``value`` float32 (SAFETY), for ``problem``."""
+    kind = "initializer" if value.source == INITIALIZER else "Constant"
+    analysis.kept_constants[value.name] = problem
+    for node_id, _ in readers:
+        if analysis.coloring.fix(node_id, Color.FP32, f"reads {kind} {value.name!r} with {problem}", Priority.SAFETY):
+            analysis.unfit_readers.add(node_id)

@@ -81,7 +81,8 @@ class MeasureRanges:
             analysis.range_check = "skipped: no value could change precision"
             return
         source = _source(analysis, calibrated)
-        measured, sources = analysis.measured, None
+        measured: instrument.StatsByKey | None = analysis.measured
+        sources = None
         if measured is None:
             sources = {v.key: found for v in watched if (found := _same_elements_source(analysis, v)) != v.key}
             if analysis.speculate and analysis.measuring is not None:
@@ -113,6 +114,7 @@ class MeasureRanges:
         the report says what it measured. False where it would keep a node float32, or did
         not run (the watched values are then measured on their own): convert again."""
         pending, analysis.pending = analysis.pending, None
+        assert pending is not None and analysis.measuring is not None  # ``run`` left them pending on it
         try:
             found = analysis.measuring.result()
         except Hung:
@@ -128,7 +130,7 @@ class MeasureRanges:
         return True
 
     def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
-        for node_id in {v.producer[0] for v in watched if _lifted_producer(analysis, v) is not None}:
+        for node_id in {v.producer[0] for v in watched if v.producer is not None and _lifted_producer(analysis, v)}:
             analysis.deny(node_id, "the range check measured nothing")
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
@@ -152,7 +154,7 @@ class MeasureRanges:
     def _watched(self, analysis: Analysis) -> list[Value]:
         """Values computed by a node and touched by a node that may run low, in every graph."""
         seen: dict[ValueKey, Value] = {}
-        nodes, values, decisions = analysis.index.nodes, analysis.index.values, analysis.coloring.decisions
+        nodes, value_of, decisions = analysis.index.nodes, analysis.index.value, analysis.coloring.decisions
         for node_id, slots in analysis.slots.items():
             decision = decisions.get(node_id)
             if decision is not None and decision.color is Color.FP32:
@@ -161,8 +163,8 @@ class MeasureRanges:
             for keys, at in ((node.inputs, slots.inputs), (node.outputs, slots.outputs)):
                 for i in at:
                     key = keys[i]
-                    if key not in seen and (value := values[key]).producer is not None:
-                        seen[key] = value
+                    if key not in seen and (value := value_of(key)).producer is not None:
+                        seen[value.key] = value
         return list(seen.values())
 
 
@@ -183,7 +185,7 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, c
 
 
 def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey, ValueKey] | None,
-            measured: Mapping[ValueKey, instrument.ValueStats], calibrated: bool,
+            measured: instrument.StatsByKey, calibrated: bool,
             source: str) -> tuple[int, list[tuple[Value, str]]]:
     """How many watched values were measured (``sources``: the key each one's statistics are
     under, ``_same_elements_source``, where it is not its own; None: all their own), and those
@@ -262,12 +264,13 @@ def _advice(analysis: Analysis) -> str:
 
 
 def _measure(analysis: Analysis, watched: list[Value],
-             sources: dict[ValueKey, ValueKey]) -> Mapping[ValueKey, instrument.ValueStats]:
+             sources: dict[ValueKey, ValueKey]) -> instrument.StatsByKey:
     """The statistics of the watched values' sources (``sources``: their
     ``_same_elements_source`` where it is another value), by source: from the measurement
     the pipeline started, or where it failed (or did not start), measured now (``remeasure``)."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
+        assert analysis.remeasure is not None  # the pipeline gives the analysis one
         found = analysis.remeasure(sorted({sources.get(v.key, v.key) for v in watched}))
     _describe(analysis, found.description)
     return found.stats
@@ -288,7 +291,7 @@ def _initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 def _same_elements_source(analysis: Analysis, value: Value) -> ValueKey:
     """The value whose measurement stands for ``value``: up the chain of top-level reshapes and
     transposes (``SAME_ELEMENTS``) to the first value something else computes."""
-    while value.key[0] == 0:
+    while value.key[0] == 0 and value.producer is not None:  # (a watched value, and its sources, are computed)
         node = analysis.index.nodes[value.producer[0]]
         if (node.domain, node.op_type) not in SAME_ELEMENTS:  # the index spells the default domain ""
             break

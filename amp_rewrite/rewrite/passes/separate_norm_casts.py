@@ -102,11 +102,11 @@ def _separations(graph: onnx.GraphProto, type_of: Callable[[str], int | None]
         lead = (cast is not None and cast.op_type == "Cast" and cast.domain in ("", "ai.onnx") and x not in outputs
                 and all(r is mean or any(r is s for s in subs) for r in readers[x]))
         affine = _affine(subs, producer, readers, outputs)
-        where = _where(type_of(x), type_of(cast.input[0]) if lead else None, lead,
+        where = _where(type_of(x), type_of(cast.input[0]) if lead and cast is not None else None, lead,
                        None if affine is None else (type_of(affine[2]), type_of(affine[3])))
         if where == INPUT:
             found.append((min(position[id(r)] for r in readers[x]), x, readers[x]))
-        elif where == OUTPUT:
+        elif where == OUTPUT and affine is not None:  # (OUTPUT only where there is one)
             mul, scaled = affine[0], affine[1]
             found.append((position[id(mul)], scaled, [mul]))
     return found
