@@ -1563,3 +1563,11 @@ def test_a_convs_input_has_its_weights_channels_times_its_groups(group) -> None:
     out, report = convert(m, provider=None)
     assert report.range_check.startswith("measured")
     assert amp_rewrite.check(m, out, random=2)
+
+
+def test_where_every_generated_set_is_passed_over_the_error_says_what_to_give() -> None:
+    """No set was worth trying (each too large, or a longer one with no failure before it): one
+    clear error naming --shape and --inputs, not a bare exception."""
+    passed_over = samples.Attempt("batch=8", [], longer=True)
+    with pytest.raises(UserError, match="--shape NAME:DIMS or --inputs"):
+        samples.first_that_runs([passed_over], lambda data: data)
