@@ -209,4 +209,3 @@ def test_a_graph_that_declares_value_info_keeps_its_own() -> None:
     m.graph.value_info.add(name=first).type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     out, _ = convert(m)
     assert [v.name for v in out.graph.value_info] == [first]
-
