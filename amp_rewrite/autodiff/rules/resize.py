@@ -55,7 +55,7 @@ _NEAREST = {"round_prefer_floor": lambda b, x: b.op("Ceil", b.op("Sub", x, b.con
 def _resize_runtime(ctx: Context, rank: int, why: DynamicShapes) -> str:
     """The input gradient of a nearest or linear Resize whose extents, scales or sizes are
     known only at run time: per resized axis, the source coordinate of every output position
-    (``_source``, ONNX Runtime's formulas), its neighbours held within the input, their
+    (``_SOURCES``, ONNX Runtime's formulas), its neighbours held within the input, their
     weights; ``why`` is raised where the mode, transformation or attributes need more."""
     mode, transform = ctx.attr("mode", "nearest"), ctx.attr("coordinate_transformation_mode", "half_pixel")
     if mode not in _RUNTIME_MODES or transform not in _SOURCES or ctx.attr("antialias", 0) or \
