@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from amp_rewrite import convert  # noqa: E402
+from amp_rewrite.inputs import samples  # noqa: E402
 from amp_rewrite.numerics.check import run_model  # noqa: E402
-from amp_rewrite.runtime import samples  # noqa: E402
 from amp_rewrite.workflows.bench import bench, default_options  # noqa: E402
 from models import builders  # noqa: E402
 from models.light import LIGHT, randomize_weights, with_batch  # noqa: E402

@@ -498,7 +498,8 @@ def _realistic(feeds: dict) -> dict:
 
 def _sample(model) -> tuple[dict, list]:
     """The first generated inputs float32 runs on, made realistic, and float32's outputs on them."""
-    from amp_rewrite.runtime import instrument, samples
+    from amp_rewrite.inputs import samples
+    from amp_rewrite.runtime import instrument
 
     reference = instrument.session(model)
     _, (feeds, wants) = samples.first_that_runs(

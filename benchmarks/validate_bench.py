@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import amp_rewrite  # noqa: E402
-from amp_rewrite.runtime import samples  # noqa: E402
+from amp_rewrite.inputs import samples  # noqa: E402
 from benchmarks import results  # noqa: E402
 from models import builders  # noqa: E402
 

@@ -21,7 +21,8 @@ import onnx
 from hypothesis import HealthCheck, assume, given, settings
 
 from amp_rewrite import convert
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.inputs import samples
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import emulated
 from models.fuzz import CRASHES, load_failure, range_check_ran, run
 from models.fuzzgraphs import Example, examples

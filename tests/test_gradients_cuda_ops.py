@@ -14,11 +14,11 @@ import onnx
 import pytest
 
 import amp_rewrite
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.schemas import signature, type_string
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.policy.kernels import kernel_table
-from amp_rewrite.runtime import samples
 from amp_rewrite.training import gradient_model
 from models import builders
 from tests.gradcases import CASES, Case

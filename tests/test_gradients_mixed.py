@@ -10,8 +10,8 @@ import onnx
 from onnx import TensorProto
 
 import amp_rewrite
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir.types import typed_index
-from amp_rewrite.runtime import samples
 from amp_rewrite.training import gradient_model
 from models import builders
 from tests.gradcheck import ort_run, with_loss

@@ -10,7 +10,7 @@ import os
 import onnx
 import pytest
 
-from amp_rewrite.runtime import samples
+from amp_rewrite.inputs import samples
 from amp_rewrite.training import gradient_model
 from models import builders
 from models.light import LIGHT, feed, randomize_weights

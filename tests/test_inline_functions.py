@@ -8,7 +8,8 @@ import onnx
 import onnx.parser
 
 from amp_rewrite import ConvertOptions, analyze, convert
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.inputs import samples
+from amp_rewrite.runtime import instrument
 from tests.gradcheck import directional_check, with_loss
 from tests.helpers import rng
 

@@ -21,9 +21,10 @@ import pytest
 import amp_rewrite
 from amp_rewrite import check
 from amp_rewrite.cli import main
+from amp_rewrite.inputs import samples
 from amp_rewrite.numerics.compare import values
 from amp_rewrite.numerics.localize import MIN_GROWTH
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import emulated
 from amp_rewrite.runtime.isolate import NativeFailure
 from models import builders

@@ -49,7 +49,7 @@ def test_a_model_onnxruntime_quantized_checks_against_its_float32_run_as_deploye
     tolerance: as deployed, the mixed model is compared with the float32 model as deployed."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-    from amp_rewrite.runtime import samples
+    from amp_rewrite.inputs import samples
 
     original = builders.transformer()
     onnx.save(original, tmp_path / "t.onnx")

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import amp_rewrite
 from amp_rewrite import UserError, convert
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir.graph import ModelIndex
-from amp_rewrite.runtime import samples
 from models import builders
 from tests.helpers import colors, model, rng, run
 

@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto
 
 from amp_rewrite import convert
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.inputs import samples
+from amp_rewrite.runtime import instrument
 from models.builders import transformer
 from tests.helpers import cast_count, colors, model, optimized, rng
 

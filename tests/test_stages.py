@@ -6,7 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
-from amp_rewrite.runtime import instrument, samples, stages
+from amp_rewrite.inputs import samples
+from amp_rewrite.runtime import instrument, stages
 from models.builders import control_flow, transformer
 from tests.helpers import model
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from amp_rewrite.runtime.samples import read_npz
+from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.training import build
 from amp_rewrite.training.losses import attach_loss
 from amp_rewrite.training.trainer import Trainer

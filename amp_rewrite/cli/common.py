@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs.samples import parse_shape
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.numerics.compare import METRICS, PRECISION_DEFAULTS, Tolerance, parse_tolerance
 from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.options import POLICIES, RANGE_CHECK_MODES, UNKNOWN_OP_MODES, ConvertOptions
-from amp_rewrite.runtime.samples import parse_shape
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 128 + 13

@@ -15,8 +15,8 @@ from onnx import helper
 from amp_rewrite.cli.common import EXIT_OK, check_writable, coloring_arguments, training_arguments
 from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.ir import io
-from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.modes import RUNNING_ROLES, untrained
 from amp_rewrite.training.optimizers import DEFAULT_LR

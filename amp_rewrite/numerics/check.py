@@ -24,14 +24,15 @@ import numpy as np
 import onnx
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs import samples
+from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir import io
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import MIN_GROWTH, Suspect, localize
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
-from amp_rewrite.runtime.samples import Sample
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"
 

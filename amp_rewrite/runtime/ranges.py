@@ -19,12 +19,13 @@ from typing import NamedTuple
 
 import onnx
 
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir.graph import ValueKey
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
-from amp_rewrite.runtime import instrument, isolate, samples, stages
+from amp_rewrite.runtime import instrument, isolate, stages
 from amp_rewrite.runtime.isolate import Hung, Progress, Stalled, Started
 
 PORTABLE_NODES = 2000

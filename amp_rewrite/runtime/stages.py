@@ -32,13 +32,13 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.ir.tensors import read_array, value_bytes
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.instrument import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import Progress, caller_waits
-from amp_rewrite.runtime.samples import Sample
 
 STAGE_NODES = 500
 """Nodes per stage: small enough that session creation stays linear and that a stage's

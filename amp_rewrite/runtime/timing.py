@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.runtime.samples import Sample
 
 DEVICES = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda", "CPUExecutionProvider": "cpu"}
 """Where each provider reads its inputs, as ``OrtValue`` names the device."""

@@ -32,6 +32,7 @@ from amp_rewrite.autodiff.context import DynamicShapes
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.precision import Precision
@@ -41,7 +42,7 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import constant_weights
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated

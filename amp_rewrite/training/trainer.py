@@ -23,13 +23,13 @@ import onnx
 from onnx import numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.ir import io
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
-from amp_rewrite.runtime.samples import read_npz
 from amp_rewrite.training import constant_weights
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
+from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
@@ -35,7 +36,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.pipeline import rewrite
-from amp_rewrite.runtime import instrument, samples
+from amp_rewrite.runtime import instrument
 
 
 @dataclass

@@ -27,11 +27,11 @@ from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import dims as input_dims
+from amp_rewrite.inputs import operands
 from amp_rewrite.ir.functions import inlined
 from amp_rewrite.ir.graph import ModelIndex, Node, Value
 from amp_rewrite.ir.sizes import without_weights
 from amp_rewrite.ir.tensors import constant_tensor
-from amp_rewrite.runtime import operands
 
 Sample = dict[str, np.ndarray]
 T = TypeVar("T")
