@@ -369,3 +369,30 @@ def test_schedules() -> None:
     assert Schedule().factor(100) == 1.0
     with pytest.raises(UserError, match="step-size"):
         Schedule("step")
+
+
+def test_a_first_step_whose_gradients_overflow_is_taken_again_until_the_scale_fits():
+    """No batch of a short fine-tune is lost to the dynamic scale's descent: the first batch is
+    taken again (the scale halving) until its update applies, and training then goes on as it
+    would have from the scale found."""
+    rng = np.random.default_rng(5)
+    data = {"x": rng.normal(0, 300, (32, 4)).astype(np.float32), "labels": rng.integers(0, 3, 32).astype(np.int64)}
+    searching = Trainer(build(_mlp(), loss="cross-entropy", output="logits", precision="float16"), lr=0.01)
+    history = searching.fit(data, epochs=2, batch_size=8, progress=False)
+    found = searching.searched
+    assert found > 0 and history.skipped_steps[:found] == list(range(1, found + 1))
+    later = history.skipped_steps[found:]  # an overflow after the first update is skipped, not taken again
+    assert searching.steps == 8 + found and searching.value("step") == 8 - len(later)
+    scale = LossScale(init=2.0**16 / 2**found)
+    direct = Trainer(build(_mlp(), loss="cross-entropy", output="logits", precision="float16", loss_scale=scale),
+                     lr=0.01)
+    direct.fit(data, epochs=2, batch_size=8, progress=False)
+    assert direct.searched == 0 and direct.scale == searching.scale
+    for name, value in searching.weights.items():
+        assert np.array_equal(value, direct.weights[name]), name
+
+
+def test_steps_that_accumulate_or_keep_a_static_scale_do_not_search():
+    for kwargs in ({"accumulate": 2}, {"loss_scale": 1024.0}):
+        step = build(_mlp(), loss="cross-entropy", output="logits", precision="float16", **kwargs)
+        assert not Trainer(step).searching

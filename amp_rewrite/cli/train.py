@@ -25,7 +25,7 @@ from amp_rewrite.training.schedules import KINDS, Schedule
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("train", help="train a model on .npz data with mixed precision and loss scaling")
-    parser.add_argument("input", help="the float32 ONNX model")
+    parser.add_argument("input", help="the ONNX model (float16, bfloat16 or float64 ones train as float32)")
     parser.add_argument("--data", required=True, metavar="TRAIN.npz|DIR",
                         help="arrays keyed by the model's input names and the labels name; axis 0 is the sample "
                              "(see --batch-axis, --fixed). "

@@ -11,7 +11,7 @@ from amp_rewrite.ir import io
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("train-graph", help="write one training step as an ONNX graph (+ .json, .init.npz)")
-    parser.add_argument("input", help="the float32 ONNX model")
+    parser.add_argument("input", help="the ONNX model (float16, bfloat16 or float64 ones train as float32)")
     parser.add_argument("-o", "--output-graph", dest="target", required=True, metavar="STEP.onnx",
                         help="where to write the step graph; STEP.onnx.json and STEP.onnx.init.npz go beside it")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")

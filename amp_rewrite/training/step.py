@@ -44,7 +44,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.training import constant_weights
+from amp_rewrite.training import constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
@@ -126,7 +126,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
           train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
           specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1) -> TrainingStep:
-    """The training step of ``model``. ``loss`` is a scalar float output of the model, or
+    """The training step of ``model`` (of its float32 view where its floats are another type:
+    ``float32_view``). ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
     the initializers to train (default: every float initializer the loss depends on).
     ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
@@ -174,6 +175,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
+    float32_view.viewed(proto)  # a float16, bfloat16 or float64 model trains in float32
+    range_data = [{name: float32_view.as_float32(array) for name, array in sample.items()} for sample in range_data]
     # the model's own float tensors: values specialization folds (a zero recurrent state of a
     # run-time batch) are constants of the step, never parameters
     weights = {t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES}

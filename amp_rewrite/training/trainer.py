@@ -30,7 +30,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
-from amp_rewrite.training import constant_weights
+from amp_rewrite.training import constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.losses import reference_loss
@@ -45,6 +45,9 @@ PROVIDER_DEFAULTS = {"CUDAExecutionProvider": {"arena_extend_strategy": "kSameAs
 powers of two by default; a step allocates the same buffers every time, so an arena grown by what
 it asks holds less: the seed CNN's mixed step at batch 256 on an H100 held 20.5 GB of device memory
 instead of 25.7, in the same 120.6 ms."""
+SEARCH_STEPS = 24
+"""How many times over a first step whose gradients overflow is taken again on its batch (the
+dynamic scale halving each time, from 2^16 down to 2^-8 at most) before training moves on."""
 SKIP_WARNING = 50
 """Consecutive skipped steps after which the trainer warns (a forward that makes NaN drives
 the scale towards zero and skips forever)."""
@@ -97,6 +100,13 @@ class Trainer:
                           for c in self.spec.carried}]
         self.steps = 0
         self.consecutive_skips = 0
+        self.searching = step.spec.loss_scale["mode"] == "dynamic" and step.spec.accumulate == 1
+        """Whether no update has been applied yet: a skipped step is then the dynamic scale's search
+        for one the gradients fit, and ``fit`` takes it again on the same batch (no batch of a short
+        fine-tune is lost to the descent from the initial scale). A window of accumulated
+        micro-batches is skipped whole, so steps that accumulate do not search."""
+        self.searched = 0
+        """Steps ``fit`` took again in that search (the schedule does not count them)."""
 
     def _device_value(self, array: np.ndarray):
         import onnxruntime as ort
@@ -118,7 +128,7 @@ class Trainer:
             if isinstance(batch[name], ort.OrtValue):
                 binding.bind_ortvalue_input(name, batch[name])
             else:
-                binding.bind_cpu_input(name, np.asarray(batch[name], order="C"))
+                binding.bind_cpu_input(name, np.asarray(float32_view.as_float32(batch[name]), order="C"))
         binding.bind_cpu_input(self.spec.lr, np.array(self.lr, np.float32))
         binding.bind_cpu_input(self.spec.weight_decay, np.array(self.weight_decay, np.float32))
         for carried in self.spec.carried:
@@ -132,6 +142,7 @@ class Trainer:
         self._buffers = [following, current]
         self.steps += 1
         skipped = bool(skipped)
+        self.searching = self.searching and skipped
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         if self.consecutive_skips == SKIP_WARNING:
             print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
@@ -186,13 +197,17 @@ class Trainer:
                 if not self._fits(batch):  # a specialized step's last, partial batch
                     continue
                 if schedule is not None:
-                    self.lr = base_lr * schedule.factor(self.steps // self.spec.accumulate)  # per update
-                result = self.step(batch)
+                    self.lr = base_lr * schedule.factor((self.steps - self.searched) // self.spec.accumulate)
+                while True:  # once, or again while the scale searches (``searching``)
+                    result = self.step(batch)
+                    history.scales.append(result.scale)
+                    if result.skipped:
+                        skipped += 1
+                        history.skipped_steps.append(self.steps)
+                    if not (result.skipped and self.searching and self.searched < SEARCH_STEPS):
+                        break
+                    self.searched += 1
                 losses.append(result.loss)
-                skipped += result.skipped
-                history.scales.append(result.scale)
-                if result.skipped:
-                    history.skipped_steps.append(self.steps)
                 if live:
                     rate = (k + 1) * batch_size / max(time.perf_counter() - started, 1e-9)
                     print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4f} scale "
@@ -237,6 +252,7 @@ class Trainer:
                 raise UserError(f"the checkpoint's {carried.input!r} has shape {list(value.shape)}, the step's "
                                 f"{carried.shape}: it was written for another model")
             self._buffers[0][carried.input] = self._device_value(value)
+        self.searching, self.searched = False, 0  # the checkpoint's scale is one the gradients fit
         if "step" in state:  # updates taken, and the micro-batches of the window being summed
             self.steps = int(np.asarray(state["step"])) * self.spec.accumulate + int(state.get(COUNT, 0))
 
@@ -323,7 +339,9 @@ class Trainer:
 
     def export_mixed(self, path) -> Report:
         """The trained model's mixed-precision rewrite, with the options the step was built with."""
-        proto = self.with_weights(self.step_graph.original)
+        view = onnx.ModelProto.FromString(self.step_graph.original.SerializeToString())
+        float32_view.viewed(view)  # the float32 master weights go into the float32 model it rewrites
+        proto = self.with_weights(view)
         options = self.step_graph.options or ConvertOptions()
         analysis, stats = rewrite(proto, options.validated(), None)
         io.save(proto, path, None)
