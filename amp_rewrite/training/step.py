@@ -44,7 +44,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.training import constant_weights, float32_view
+from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
@@ -175,6 +175,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
+    attribute_weights.lowered(proto)  # ai.onnx.ml's linear models, their weights as initializers
     float32_view.viewed(proto)  # a float16, bfloat16 or float64 model trains in float32
     range_data = [{name: float32_view.as_float32(array) for name, array in sample.items()} for sample in range_data]
     # the model's own float tensors: values specialization folds (a zero recurrent state of a
@@ -182,6 +183,11 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     weights = {t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES}
     if loss in LOSSES and output is None:
         raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
+    strings = [name for name, info in samples.graph_inputs(proto).items()
+               if info.type.tensor_type.elem_type == TensorProto.STRING]
+    if strings:  # ONNX Runtime binds no string tensor to a session's inputs
+        raise UserError(f"input {strings[0]!r} holds strings: the training step takes numbers only (encode the "
+                        f"strings, as the model's own encoder does, into the data)")
     kind = loss if loss in LOSSES else None
     forward, loss, labels_name = _with_loss(proto, loss, output, labels)
     if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded

@@ -30,7 +30,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
-from amp_rewrite.training import constant_weights, float32_view
+from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.losses import reference_loss
@@ -331,6 +331,7 @@ class Trainer:
                 trained = weights[tensor.name].astype(numpy_helper.to_array(tensor).dtype)
                 tensor.CopyFrom(numpy_helper.from_array(trained, tensor.name))
         constant_weights.written_back(copy, weights)  # weights the model holds in Constant nodes
+        attribute_weights.written_back(copy, weights)  # and in ai.onnx.ml's attributes
         return copy
 
     def export(self, path) -> None:
