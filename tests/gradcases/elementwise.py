@@ -23,7 +23,9 @@ CASES = [
     Case("Softsign", {"x": X}),
     Case("Relu", {"x": X}),
     Case("LeakyRelu", {"x": X}, {"alpha": 0.1}),
+    Case("LeakyRelu", {"x": X}, {"alpha": -0.3}, id="negative-slope"),  # y > 0 no longer means x > 0
     Case("Elu", {"x": X}, {"alpha": 0.7}),
+    Case("Elu", {"x": X}, {"alpha": -0.5}, id="negative-alpha"),
     Case("HardSigmoid", {"x": X * 3}, {"alpha": 0.3, "beta": 0.4}),
     Case("HardSwish", {"x": np.array([-4.0, -2.5, -1.0, 0.5, 2.0, 3.5])}),
     Case("Clip", {"x": X, "min": np.array(-0.9), "max": np.array(0.8)}, constant=("min", "max"), id="both"),

@@ -6,6 +6,12 @@ Unary rules are one line: ``unary(op, d)`` with ``d(ctx, b)`` building dy/dx
 ``GO(0)`` where the mask holds and zero elsewhere (``Where``, so an inf or NaN
 gradient never meets a zero factor). Broadcasting inputs get their gradient
 summed back to their own shape by ``ctx.unbroadcast``.
+
+Where the derivative is a function of the output (Exp, Sqrt, Sigmoid, Tanh; Relu, LeakyRelu
+and Elu through the output's sign), the rule reads the output, not the input: the input is
+then read by nothing after the forward, so the runtime frees it early and may fuse the op
+that makes it with the activation (ONNX Runtime fuses Conv+Relu only where the Conv's output
+has no other reader).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ unary("Sin", lambda ctx, b: b.op("Cos", ctx.I(0)))
 unary("Cos", lambda ctx, b: b.op("Neg", b.op("Sin", ctx.I(0))))
 register("Softsign")(lambda ctx: {0: ctx.b.op("Div", ctx.GO(0), _square(ctx.b, ctx.b.op(
     "Add", ctx.b.const(1.0, like=ctx.I(0)), ctx.b.op("Abs", ctx.I(0)))))})
-masked("Relu", lambda ctx, b: b.op("Greater", ctx.I(0), _zero(ctx)))
+masked("Relu", lambda ctx, b: b.op("Greater", ctx.O(0), b.const(0.0, like=ctx.O(0))))
 
 
 def _square(b: GraphBuilder, x: str) -> str:
@@ -76,14 +82,23 @@ def _hard_sigmoid(ctx: Context):
 @register("LeakyRelu")
 def _leaky_relu(ctx: Context):
     alpha, g = ctx.attr("alpha", 0.01), ctx.go_or_zeros(0)
-    return {0: where(ctx, ctx.b.op("Greater", ctx.I(0), _zero(ctx)), g, ctx.scale(g, alpha))}
+    positive = _positive_input(ctx, alpha >= 0)
+    return {0: where(ctx, positive, g, ctx.scale(g, alpha))}
 
 
 @register("Elu")
 def _elu(ctx: Context):
-    b, x, y, g = ctx.b, ctx.I(0), ctx.O(0), ctx.go_or_zeros(0)
-    alpha = b.const(ctx.attr("alpha", 1.0), like=x)
-    return {0: where(ctx, b.op("Greater", x, _zero(ctx)), g, b.op("Mul", g, b.op("Add", y, alpha)))}
+    b, y, g = ctx.b, ctx.O(0), ctx.go_or_zeros(0)
+    alpha = ctx.attr("alpha", 1.0)
+    positive = _positive_input(ctx, alpha >= 0)
+    return {0: where(ctx, positive, g, b.op("Mul", g, b.op("Add", y, b.const(alpha, like=y))))}
+
+
+def _positive_input(ctx: Context, by_output: bool) -> str:
+    """x > 0, from the output where ``by_output`` (an activation whose output is positive exactly
+    where its input is), else from the input."""
+    value = ctx.O(0) if by_output else ctx.I(0)
+    return ctx.b.op("Greater", value, ctx.b.const(0.0, like=value))
 
 
 @register("HardSwish")
