@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.autodiff.recurrent import unrolled
+from amp_rewrite.autodiff.unfused import has_fused_ops, unfused
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import declarations, io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder
@@ -82,14 +83,18 @@ def differentiable(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` at opset MIN_OPSET or later (an upgraded copy where it is older), without the
     declared shapes that onnx's inference contradicts (a copy: rules read declared ranks), with
     the calls of its own functions inlined (a copy; rules are for ONNX's ops, and ONNX Runtime
-    inlines the functions anyway)."""
+    inlines the functions anyway), and ONNX Runtime's fused transformer ops written as the
+    standard ops they fuse (a copy: ``unfused``)."""
     proto = declarations.truthful(ensure_opset(proto, MIN_OPSET))
-    if not proto.functions:
-        return proto
-    try:
-        return inlined(proto)
-    except ValueError as exc:
-        raise UserError(f"cannot inline the model's functions to differentiate it: {exc}") from None
+    if proto.functions:
+        try:
+            proto = inlined(proto)
+        except ValueError as exc:
+            raise UserError(f"cannot inline the model's functions to differentiate it: {exc}") from None
+    if has_fused_ops(proto):
+        proto = onnx.ModelProto.FromString(proto.SerializeToString())
+        unfused(proto)
+    return proto
 
 
 def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None,
