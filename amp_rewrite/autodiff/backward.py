@@ -33,8 +33,10 @@ class Backward:
     """The backward pass over one model (its index is built once; the model is edited only by
     the nodes the caller appends and by rules that export values from subgraphs)."""
 
-    def __init__(self, index: ModelIndex) -> None:
+    def __init__(self, index: ModelIndex, *, conv_weight_grad: str = "direct") -> None:
         self.index = index
+        self.conv_weight_grad = conv_weight_grad
+        """How Conv weight gradients are formulated (see ``rules.conv_weight_grad.MODES``)."""
         sizes = ValueSizes(index)
         self.shapes = {v.key: sizes.shape(v) for v in index.all_values()}
         self._nodes: dict[int, list[Node]] = defaultdict(list)

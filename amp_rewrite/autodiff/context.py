@@ -67,6 +67,11 @@ class Context:
     def opset(self) -> int:
         return self.b.opset
 
+    @property
+    def conv_weight_grad(self) -> str:
+        """``add_backward``'s choice of Conv weight-gradient formulation (``direct`` by default)."""
+        return self.engine.conv_weight_grad
+
     def attr(self, name: str, default=None):
         value = self._attributes.get(name, default)
         return value.decode() if isinstance(value, bytes) else value

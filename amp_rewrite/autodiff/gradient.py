@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.autodiff.recurrent import unrolled
+from amp_rewrite.autodiff.rules.conv_weight_grad import MODES as CONV_WEIGHT_GRAD_MODES
 from amp_rewrite.autodiff.unfused import has_fused_ops, unfused
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import declarations, io
@@ -36,25 +37,28 @@ class Backprop:
     """Each parameter's shape (ints, dimension names, or None per unknown extent)."""
 
 
-def gradient_model(model, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
+def gradient_model(model, loss: str, wrt: Sequence[str] | None = None, *,
+                   conv_weight_grad: str = "direct") -> onnx.ModelProto:
     """``model`` (a path, ``onnx.ModelProto`` or ``onnx_ir.Model``; never modified) with one more
     output per parameter: ``<name>_grad``, the gradient of the scalar float output ``loss``,
     with the parameter's shape and element type. ``wrt`` names the initializers (or float
     inputs) to differentiate; by default every float initializer the loss depends on.
     Every emitted op is a standard ONNX op. Raises :class:`UserError` on bad input or an op
-    on the path without a gradient rule (before anything is built)."""
+    on the path without a gradient rule (before anything is built). ``conv_weight_grad``: see
+    :func:`add_backward`."""
     proto, base_dir, _ = io.read_model(model, "differentiate")
     if base_dir is not None:
         onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
-    return gradient_proto(proto, loss, wrt)
+    return gradient_proto(proto, loss, wrt, conv_weight_grad=conv_weight_grad)
 
 
-def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None) -> onnx.ModelProto:
+def gradient_proto(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None, *,
+                   conv_weight_grad: str = "direct") -> onnx.ModelProto:
     """:func:`gradient_model` on a ModelProto that may be edited in place (external data may
     stay on disk)."""
     proto = differentiable(proto)
     unrolled(proto)  # RNN, GRU and LSTM of static length as the ops they are made of
-    backprop = add_backward(proto, loss, wrt)
+    backprop = add_backward(proto, loss, wrt, conv_weight_grad=conv_weight_grad)
     graph = proto.graph
     taken = {o.name for o in graph.output} | backprop.builder.names.taken
     b = backprop.builder
@@ -98,11 +102,16 @@ def differentiable(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = None,
-                 seed: str | None = None) -> Backprop:
+                 seed: str | None = None, *, conv_weight_grad: str = "direct") -> Backprop:
     """Build the backward pass of ``loss`` with respect to ``wrt`` into the returned builder,
     whose nodes the caller appends to ``proto``'s graph (rules that differentiate through an
     If also export values from its branches, in place). ``seed`` names a value shaped like
-    the loss that seeds its gradient (a loss scale); ones by default."""
+    the loss that seeds its gradient (a loss scale); ones by default. ``conv_weight_grad``
+    formulates Conv and ConvTranspose weight gradients: ``direct`` (one Conv over the
+    batch-transposed operands), ``grouped``, ``transposed`` or ``im2col`` where they apply
+    (``direct`` elsewhere), or ``auto`` (a rule by shape); see ``rules.conv_weight_grad``."""
+    if conv_weight_grad not in CONV_WEIGHT_GRAD_MODES:
+        raise UserError(f"conv_weight_grad {conv_weight_grad!r} is not one of {', '.join(CONV_WEIGHT_GRAD_MODES)}")
     index = typed_index(proto)
     outputs = {o.name for o in proto.graph.output}
     if loss not in outputs:
@@ -111,7 +120,7 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     loss_value = index.values[loss_key]
     if loss_value.elem_type not in FLOAT_TYPES:
         raise UserError(f"loss {loss!r} is not a float tensor: it cannot be differentiated")
-    engine = Backward(index)
+    engine = Backward(index, conv_weight_grad=conv_weight_grad)
     shape = engine.shapes.get(loss_key)
     if shape is not None and not all(d == 1 for d in shape):
         shown = ", ".join("?" if d is None else str(d) for d in shape)

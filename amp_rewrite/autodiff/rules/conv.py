@@ -13,7 +13,9 @@ resolved from the static input shape). Two adjoints serve them all:
 - the gradient of a convolution with respect to its kernel is a ``Conv`` of
   one operand by the other with batch and channel axes swapped, the forward's
   strides as dilations and its dilations as strides, cut to the kernel's size
-  (:func:`_weight_grad`).
+  (:func:`_weight_grad`); with static shapes, ``add_backward``'s
+  ``conv_weight_grad`` option can build it as a grouped split-K Conv, a
+  ConvTranspose or an im2col MatMul instead (:mod:`.conv_weight_grad`).
 
 MaxPool scatters GO to the positions its ``Indices`` output names (adding that
 output to the forward node when it has none); AveragePool spreads GO divided by
@@ -30,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
+from amp_rewrite.autodiff.rules.conv_weight_grad import FORMULATIONS, ConvShape, batch_major, choose
 
 Dims = tuple[int, ...]
 
@@ -156,26 +159,21 @@ def _window_adjoint(ctx: Context, grad: str, weight: str, win: Window, x: str, s
 
 def _weight_grad(ctx: Context, a: str, a_spatial: Dims | None, channels: int, other: str,
                  other_spatial: Dims | None, group: int, strides: Dims, dilations: Dims, begin: Dims, end: Dims,
-                 kernel: Dims) -> str:
+                 kernel: Dims, *, batch: int | None = None, filters: int | None = None) -> str:
     """sum over n and positions of ``a`` (N x channels x ...) against ``other`` (N x B x ...) at
     each kernel offset: a Conv with the batch as its contraction axis, shaped B x channels/group
     x kernel (the weight of a Conv reading ``a`` and writing ``other``, or of a ConvTranspose
-    reading ``other`` and writing ``a``)."""
+    reading ``other`` and writing ``a``). ``batch`` N and ``filters`` B, where static, let the
+    context's ``conv_weight_grad`` option choose another formulation (:mod:`.conv_weight_grad`)."""
     b = ctx.b
+    shape = ConvShape(batch, channels, filters, group, kernel, strides=dilations, dilations=strides, begin=begin,
+                      end=end, spatial=a_spatial, out=other_spatial, elem_type=b.types.get(a))
+    choice = choose(shape, ctx.conv_weight_grad)
+    if choice.formulation != "direct":
+        return FORMULATIONS[choice.formulation](b, a, other, shape)
     n = len(kernel)
     swap = [1, 0, *range(2, 2 + n)]
-    if group == 1:
-        lhs = b.op("Transpose", a, perm=swap)
-    else:  # N x (g * per) x S -> per x (g * N) x S, so that Conv's group g pairs group i of a with that of other
-        per = channels // group
-        if a_spatial is not None:
-            first, second = b.ints([0, group, per, *a_spatial]), b.ints([per, -1, *a_spatial])
-        else:
-            tail = _spatial_value(ctx, a)
-            first = b.op("Concat", b.ints([0, group, per]), tail, axis=0)
-            second = b.op("Concat", b.ints([per, -1]), tail, axis=0)
-        moved = b.op("Transpose", b.op("Reshape", a, first), perm=[2, 1, 0, *range(3, 3 + n)])
-        lhs = b.op("Reshape", moved, second)
+    lhs = batch_major(b, a, channels, group, a_spatial, n)
     rhs = b.op("Transpose", other, perm=swap)
     y = b.op("Conv", lhs, rhs, group=group if group > 1 else None, strides=list(strides),
              dilations=list(dilations), pads=list(begin) + list(end))
@@ -209,20 +207,32 @@ def _conv(ctx: Context):
     if ctx.wants(1):
         grads[1] = _weight_grad(ctx, x, spatial, _channels(ctx, x, w, 1, group), g, _out_spatial(ctx, win, spatial),
                                 group, strides=win.dilations, dilations=win.strides, begin=win.begin, end=win.end,
-                                kernel=kernel)
+                                kernel=kernel, batch=_batch(ctx, x), filters=_known_channels(ctx, ctx.O(0), w, 0, 1))
     if ctx.wants(2):
         grads[2] = _bias_grad(ctx, g, len(kernel))
     return grads
 
 
+def _batch(ctx: Context, x: str) -> int | None:
+    shape = ctx.shape(x)
+    return shape[0] if shape and isinstance(shape[0], int) else None
+
+
 def _channels(ctx: Context, x: str, w: str, axis: int, group: int) -> int:
     """Channels of ``x``: from its static shape, else from the weight's (``w.shape[axis] * group``)."""
+    found = _known_channels(ctx, x, w, axis, group)
+    if found is None:
+        raise ctx.error("the channel count is neither in its input's nor its weight's static shape")
+    return found
+
+
+def _known_channels(ctx: Context, x: str, w: str, axis: int, group: int) -> int | None:
     shape, w_shape = ctx.shape(x), ctx.shape(w)
     if shape is not None and len(shape) > 1 and isinstance(shape[1], int):
         return shape[1]
     if w_shape is not None and isinstance(w_shape[axis], int):
         return w_shape[axis] * group
-    raise ctx.error("the channel count is neither in its input's nor its weight's static shape")
+    return None
 
 
 @register("ConvTranspose")
@@ -248,7 +258,8 @@ def _conv_transpose(ctx: Context):
         grads[0] = dx
     if ctx.wants(1):
         grads[1] = _weight_grad(ctx, g, out, _channels(ctx, ctx.O(0), w, 1, group), x, spatial, group,
-                                strides=dilations, dilations=strides, begin=begin, end=end, kernel=kernel)
+                                strides=dilations, dilations=strides, begin=begin, end=end, kernel=kernel,
+                                batch=_batch(ctx, x), filters=_known_channels(ctx, x, w, 0, 1))
     if ctx.wants(2):
         grads[2] = _bias_grad(ctx, g, n)
     return grads
