@@ -22,6 +22,9 @@ from amp_rewrite.training.modes import RUNNING_ROLES, untrained
 from amp_rewrite.training.optimizers import DEFAULT_LR
 from amp_rewrite.training.schedules import KINDS, Schedule
 
+GRAPH_MODES = {"auto": None, "on": True, "off": False}
+"""``--graph-mode``'s choices, as ``Trainer(graph_mode=...)`` takes them."""
+
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("train", help="train a model on .npz data with mixed precision and loss scaling")
@@ -62,6 +65,10 @@ def add_parser(commands) -> None:
     parser.add_argument("--provider-option", dest="provider_options", action="append", default=[],
                         metavar="KEY=VALUE", help="an option of that provider, in ONNX Runtime's names (repeatable): "
                                                   "device_id=1, gpu_mem_limit=8000000000")
+    parser.add_argument("--graph-mode", choices=GRAPH_MODES, default="auto",
+                        help="bind the step's inputs and outputs at fixed addresses and, on CUDAExecutionProvider, "
+                             "run it as CUDA graphs: auto (default: on CUDA, where the step has fixed extents), "
+                             "on (an error where the step takes batches of any size), off")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     training_arguments(parser)
     coloring_arguments(parser, float32=True)
@@ -94,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
     schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)
     evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    if args.graph_mode == "on" and step.spec.extents is None:
+        raise UserError("--graph-mode on needs a step of fixed extents, and this model's step takes batches of any "
+                        "size (train fixes them to the data's only where the model's shapes need it): use "
+                        "--graph-mode auto or off")
     trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,
-                      provider_options=provider_options, batching=batching)
+                      provider_options=provider_options, batching=batching, graph_mode=GRAPH_MODES[args.graph_mode])
     first = trainer.resume(args.resume) + 1 if args.resume else 1
     if first > args.epochs:
         raise UserError(f"{args.resume} ends epoch {first - 1}: nothing is left of --epochs {args.epochs}")

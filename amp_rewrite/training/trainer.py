@@ -33,6 +33,7 @@ from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
+from amp_rewrite.training.graph_mode import CUDA, GRAPH_OPTIONS, FixedBinding, bind_carried, note_refused, wanted
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.modes import RUNNING_ROLES
 from amp_rewrite.training.schedules import Schedule
@@ -72,14 +73,18 @@ class History:
 class Trainer:
     def __init__(self, step: TrainingStep, provider: str = "CPUExecutionProvider", lr: float = 1e-3,
                  weight_decay: float = 0.0, emulate: bool | None = None,
-                 provider_options: Mapping[str, str] | None = None, batching: Batching | None = None) -> None:
+                 provider_options: Mapping[str, str] | None = None, batching: Batching | None = None,
+                 graph_mode: bool | None = None) -> None:
         """``provider_options``: the execution provider's options (ONNX Runtime's names; CUDA's
         ``device_id``, ``gpu_mem_limit``, ``arena_extend_strategy``, ...) over ``PROVIDER_DEFAULTS``;
         the step's values live on ``device_id``'s device.
         ``emulate`` (default: unless the provider runs float16 natively) runs the step with every
         low-precision value rounded where it is produced (``runtime.emulate``): the CPU provider
         computes most float16 nodes in float32 and drops the roundings between them, so without
-        emulation a float16 step there would neither overflow nor underflow as it does on a GPU."""
+        emulation a float16 step there would neither overflow nor underflow as it does on a GPU.
+        ``graph_mode`` (default: on CUDA, for a step of fixed extents) binds every input and output
+        of the step at a fixed address and, on CUDA, runs it as CUDA graphs (``training.graph_mode``);
+        where ONNX Runtime refuses them, one note on stderr and the trainer goes on without."""
         self.step_graph = step
         self.spec = step.spec
         self.lr, self.weight_decay = lr, weight_decay
@@ -90,14 +95,26 @@ class Trainer:
         provider_options = {**PROVIDER_DEFAULTS.get(provider, {}), **(provider_options or {})}
         self.device_id = int(provider_options.get("device_id", 0))
         self.emulated = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
-        model = emulated(step.model) if self.emulated else step.model
-        # Basic optimizations only: fusions across the casts would change the precision chosen.
-        with instrument.refusals("the training step", provider):  # a step ONNX Runtime refuses: one line
-            self.session = instrument.session(model, None, provider, optimize="basic",
-                                              provider_options=provider_options)
+        self._model, self._provider_options = emulated(step.model) if self.emulated else step.model, provider_options
+        self.graph_mode = wanted(graph_mode, provider, self.spec)
+        """Whether the step is bound at fixed addresses (``graph_mode.FixedBinding``)."""
+        graphs = self.graph_mode and provider == CUDA
+        if graphs:
+            try:
+                self.session = self._open(GRAPH_OPTIONS)
+            except UserError:  # not a refusal of the graphs: the provider is not there
+                raise
+            except Exception as exc:
+                note_refused(exc)
+                graphs = self.graph_mode = False
+        if not graphs:
+            with instrument.refusals("the training step", provider):  # a step ONNX Runtime refuses: one line
+                self.session = self._open({})
         self._buffers = [{c.input: self._device_value(step.initial[c.input]) for c in self.spec.carried},
                          {c.input: self._device_value(np.zeros_like(step.initial[c.input]))
                           for c in self.spec.carried}]
+        self._fixed = FixedBinding(self._model, self.session, self.spec, list(self._buffers), self._device_value,
+                                   graphs) if self.graph_mode else None
         self.steps = 0
         self.consecutive_skips = 0
         self.searching = step.spec.loss_scale["mode"] == "dynamic" and step.spec.accumulate == 1
@@ -108,21 +125,47 @@ class Trainer:
         self.searched = 0
         """Steps ``fit`` took again in that search (the schedule does not count them)."""
 
+    def _open(self, options: Mapping[str, str]):
+        """The step's session, with ``options`` over the provider's (basic optimizations only: fusions
+        across the casts would change the precision chosen)."""
+        return instrument.session(self._model, None, self.provider, optimize="basic",
+                                  provider_options={**self._provider_options, **options})
+
     def _device_value(self, array: np.ndarray):
+        """A copy of ``array`` on the step's device (on the CPU an OrtValue shares its array's memory,
+        which the step writes over: the step's first values must stay as they were)."""
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"), self.device, self.device_id)
+        return ort.OrtValue.ortvalue_from_numpy(np.array(array, order="C"), self.device, self.device_id)
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, batch: Mapping[str, np.ndarray]) -> StepResult:
         """One training step on ``batch`` (arrays keyed by the step's data inputs; an input given
-        as an ``onnxruntime.OrtValue``, from ``device_batch``, is read where it lies, uncopied)."""
-        import onnxruntime as ort
-
+        as an ``onnxruntime.OrtValue``, from ``device_batch``, is read where it lies, uncopied, or in
+        graph mode copied on the device into its fixed buffer)."""
         missing = [name for name in self.spec.data if name not in batch]
         if missing:
             raise UserError(f"the batch lacks {', '.join(missing)}")
         current, following = self._buffers
+        if self._fixed is not None:
+            self._fixed.fill(batch, self.lr, self.weight_decay)
+        with instrument.refusals("the training step", self.provider, raised_as=(RuntimeError,)):
+            loss, flag = self._fixed_run(batch) if self._fixed is not None else self._run(batch)
+        self._buffers = [following, current]
+        self.steps += 1
+        skipped = bool(flag)
+        self.searching = self.searching and skipped
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        if self.consecutive_skips == SKIP_WARNING:
+            print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
+                  f"{self.scale:g}); if the forward itself makes NaN, loss scaling cannot help", file=sys.stderr)
+        return StepResult(float(loss), self.scale, skipped)
+
+    def _run(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """One run bound as it comes: the batch and the hyper-parameters from the host, the loss and the
+        skipped flag to it."""
+        import onnxruntime as ort
+
         binding = self.session.io_binding()
         for name in self.spec.data:
             if isinstance(batch[name], ort.OrtValue):
@@ -131,23 +174,26 @@ class Trainer:
                 binding.bind_cpu_input(name, np.asarray(float32_view.as_float32(batch[name]), order="C"))
         binding.bind_cpu_input(self.spec.lr, np.array(self.lr, np.float32))
         binding.bind_cpu_input(self.spec.weight_decay, np.array(self.weight_decay, np.float32))
-        for carried in self.spec.carried:
-            binding.bind_ortvalue_input(carried.input, current[carried.input])
-            binding.bind_ortvalue_output(carried.output, following[carried.input])
+        bind_carried(binding, self.spec.carried, *self._buffers)
         for name in (self.spec.loss, self.spec.skipped):
             binding.bind_output(name, "cpu")
-        with instrument.refusals("the training step", self.provider, raised_as=(RuntimeError,)):
-            self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding)
         loss, skipped = (value.numpy() for value in binding.get_outputs()[-2:])  # bound last
-        self._buffers = [following, current]
-        self.steps += 1
-        skipped = bool(skipped)
-        self.searching = self.searching and skipped
-        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
-        if self.consecutive_skips == SKIP_WARNING:
-            print(f"amp-rewrite: warning: {SKIP_WARNING} steps in a row skipped for inf/NaN gradients (scale "
-                  f"{self.scale:g}); if the forward itself makes NaN, loss scaling cannot help", file=sys.stderr)
-        return StepResult(float(loss), self.scale, skipped)
+        return loss, skipped
+
+    def _fixed_run(self, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """One run of the fixed binding (its buffers filled); where a first run fails as CUDA graphs
+        are captured, the note, and this step and the rest bound as they come, in a session without
+        graphs (a failed run wrote only the buffer set the step writes)."""
+        assert self._fixed is not None
+        try:
+            return self._fixed.run(self._buffers[0])
+        except Exception as exc:
+            if not self._fixed.warming:
+                raise
+            note_refused(exc)
+        self.session, self._fixed, self.graph_mode = self._open({}), None, False
+        return self._run(batch)
 
     def device_batch(self, batch: Mapping[str, np.ndarray]) -> dict:
         """``batch`` copied to the step's device once, for steps that reuse it (a benchmark, data
@@ -251,7 +297,7 @@ class Trainer:
             if list(value.shape) != list(carried.shape):
                 raise UserError(f"the checkpoint's {carried.input!r} has shape {list(value.shape)}, the step's "
                                 f"{carried.shape}: it was written for another model")
-            self._buffers[0][carried.input] = self._device_value(value)
+            self._buffers[0][carried.input].update_inplace(value)  # in place: a fixed binding holds it
         self.searching, self.searched = False, 0  # the checkpoint's scale is one the gradients fit
         if "step" in state:  # updates taken, and the micro-batches of the window being summed
             self.steps = int(np.asarray(state["step"])) * self.spec.accumulate + int(state.get(COUNT, 0))
