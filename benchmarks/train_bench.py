@@ -73,16 +73,21 @@ def _device_mib(before: int | None) -> float | None:
 
 
 def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str, where: str,
-        provider_options: dict[str, str]) -> dict:
+        provider_options: dict[str, str], conv_weight_grad: str = "direct", graph_mode: str = "auto") -> dict:
+    """One configuration's step time; ``conv_weight_grad`` and ``graph_mode`` as ``train`` takes them
+    (graph mode: the step built for the batch's extents, on by default on CUDA)."""
     from amp_rewrite.training import build
     from amp_rewrite.training.trainer import Trainer
 
     before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)
+    graphs = graph_mode == "on" or graph_mode == "auto" and where == "CUDAExecutionProvider"
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
-                 precision=precision, batchnorm=batchnorm)
+                 precision=precision, batchnorm=batchnorm, conv_weight_grad=conv_weight_grad,
+                 specialize={"image": [batch, 3, image_size, image_size]} if graphs else None)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
-    trainer = Trainer(step, provider=where, lr=1e-3, emulate=False, provider_options=provider_options)
+    trainer = Trainer(step, provider=where, lr=1e-3, emulate=False, provider_options=provider_options,
+                      graph_mode=graphs)
     rng = np.random.default_rng(0)
     data = trainer.device_batch({"image": rng.normal(0, 1, (batch, 3, image_size, image_size)).astype(np.float32),
                                  "labels": rng.integers(0, 10, batch).astype(np.int64)})
@@ -92,7 +97,7 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     skipped = sum(trainer.step(data).skipped for _ in range(steps))
     seconds = (time.perf_counter() - started) / steps
     return {"ms": 1000 * seconds, "skipped": skipped, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            / 1024, "device_mib": _device_mib(before), "provider": where}
+            / 1024, "device_mib": _device_mib(before), "provider": where, "graph_mode": trainer.graph_mode}
 
 
 def torch_one(batch: int, precision: str, image_size: int, warmup: int, steps: int) -> dict | None:
@@ -146,6 +151,10 @@ def main() -> None:
                              "what batch statistics cost; PyTorch still trains them); not written to RESULTS.md")
     parser.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the ONNX steps' execution provider (a diagnosis: not written to RESULTS.md)")
+    parser.add_argument("--conv-weight-grad", default="direct", help="train's option of that name (a diagnosis "
+                        "unless direct: not written)")
+    parser.add_argument("--graph-mode", choices=["auto", "on", "off"], default="auto",
+                        help="train's option of that name (a diagnosis unless auto: not written)")
     parser.add_argument("--precisions", default="float32,float16", help="of the steps (a subset: not written)")
     parser.add_argument("--backends", default="onnx,torch", help="onnx, torch (a subset: not written)")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
@@ -156,7 +165,7 @@ def main() -> None:
         batch, precision = int(args.one[0]), args.one[1]
         print(json.dumps(torch_one(batch, precision, args.image_size, args.warmup, args.steps) if args.torch else
                          one(batch, precision, args.image_size, args.warmup, args.steps, args.batchnorm, provider(),
-                             provider_options)))
+                             provider_options, args.conv_weight_grad, args.graph_mode)))
         return
     where = provider()
     warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
@@ -188,6 +197,7 @@ def main() -> None:
                 command = [sys.executable, __file__, "--one", str(batch), precision, "--image-size",
                            str(args.image_size), "--warmup", str(warmup), "--steps", str(steps),
                            "--batchnorm", args.batchnorm, *(f"--provider-option={o}" for o in args.provider_option),
+                           "--conv-weight-grad", args.conv_weight_grad, "--graph-mode", args.graph_mode,
                            *(["--torch"] if backend == "torch" else [])]
                 row[backend, precision] = results.child(command, timeout=CHILD_TIMEOUT)
         fp32, mixed, amp = (row.get(key) for key in (("onnx", "float32"), ("onnx", "float16"), ("torch", "float16")))
@@ -208,8 +218,9 @@ def main() -> None:
                        f"{amp_mib} | {ratio(mixed, amp)} |")
         print(rows[batch], flush=True)
     lines += [rows[b] for b in sorted(rows)]
-    if args.batchnorm == "train" and not provider_options and args.precisions == parser.get_default("precisions") \
-            and args.backends == parser.get_default("backends"):
+    defaults = all(getattr(args, key) == parser.get_default(key) for key in
+                   ("batchnorm", "precisions", "backends", "conv_weight_grad", "graph_mode"))
+    if defaults and not provider_options:
         results.write(sections={SECTIONS[where]: lines})
     if args.out:
         args.out.write_text("\n".join([f"## {SECTIONS[where]}", "", *lines]) + "\n")

@@ -255,3 +255,42 @@ def test_choose(shape, mode, chosen):
     choice = choose(shape, mode)
     assert choice.formulation == chosen, choice.why
     assert choice.why
+
+
+def test_train_takes_the_formulation_and_trains_as_direct_does(tmp_path, capsys):
+    """``train --conv-weight-grad``: grouped gives the weights direct gives (to float32 rounding);
+    an unknown name is one line, exit 2, before anything is built."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from amp_rewrite.cli import main
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])],
+        [numpy_helper.from_array(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=rng.normal(0, 1, (64, 3, 6, 6)).astype(np.float32),
+             labels=rng.normal(0, 1, (64, 4, 6, 6)).astype(np.float32))
+    trained = {}
+    for mode in ("direct", "grouped", "bogus"):
+        code = main(["train", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"), "--loss", "mse",
+                     "--output", "y", "--precision", "float32", "--batch-size", "32", "--lr", "0.01",
+                     "--conv-weight-grad", mode, "--graph-mode", "on", "-o", str(tmp_path / f"{mode}.onnx"),
+                     "--quiet"])  # graph mode: the step takes batches of 32, which grouped splits in 2
+        if mode == "bogus":
+            assert code == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and "conv_weight_grad 'bogus' is not one of direct" in err, err
+        else:
+            assert code == 0
+            trained[mode] = numpy_helper.to_array(onnx.load(tmp_path / f"{mode}.onnx").graph.initializer[0])
+    np.testing.assert_allclose(trained["grouped"], trained["direct"], rtol=1e-5, atol=1e-6)
+    from amp_rewrite.training import build
+
+    step = build(str(tmp_path / "m.onnx"), loss="mse", output="y", precision="float32",
+                 specialize={"x": [32, 3, 6, 6]}, conv_weight_grad="grouped")
+    assert sorted(a.i for n in step.model.graph.node if n.op_type == "Conv" for a in n.attribute
+                  if a.name == "group") == [2]
+    assert not np.allclose(trained["direct"], numpy_helper.to_array(graph.initializer[0]))

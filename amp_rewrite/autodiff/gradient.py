@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.autodiff.recurrent import unrolled
-from amp_rewrite.autodiff.rules.conv_weight_grad import MODES as CONV_WEIGHT_GRAD_MODES
+from amp_rewrite.autodiff.rules.conv_weight_grad import checked
 from amp_rewrite.autodiff.unfused import has_fused_ops, unfused
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import declarations, io
@@ -110,8 +110,7 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     formulates Conv and ConvTranspose weight gradients: ``direct`` (one Conv over the
     batch-transposed operands), ``grouped``, ``transposed`` or ``im2col`` where they apply
     (``direct`` elsewhere), or ``auto`` (a rule by shape); see ``rules.conv_weight_grad``."""
-    if conv_weight_grad not in CONV_WEIGHT_GRAD_MODES:
-        raise UserError(f"conv_weight_grad {conv_weight_grad!r} is not one of {', '.join(CONV_WEIGHT_GRAD_MODES)}")
+    checked(conv_weight_grad)
     index = typed_index(proto)
     outputs = {o.name for o in proto.graph.output}
     if loss not in outputs:

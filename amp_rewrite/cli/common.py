@@ -109,3 +109,6 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
                             "or a static scale")
     group.add_argument("--batchnorm", choices=("train", "freeze"), default="train",
                        help="BatchNormalization on batch statistics with running ones updated, or frozen")
+    group.add_argument("--conv-weight-grad", default="direct", metavar="direct|auto|grouped|transposed|im2col",
+                       help="how Conv weight gradients are formulated: direct (default), auto (chosen by shape "
+                            "for the GPU), or grouped, transposed, im2col where each applies")

@@ -66,9 +66,9 @@ def add_parser(commands) -> None:
                         metavar="KEY=VALUE", help="an option of that provider, in ONNX Runtime's names (repeatable): "
                                                   "device_id=1, gpu_mem_limit=8000000000")
     parser.add_argument("--graph-mode", choices=GRAPH_MODES, default="auto",
-                        help="bind the step's inputs and outputs at fixed addresses and, on CUDAExecutionProvider, "
-                             "run it as CUDA graphs: auto (default: on CUDA, where the step has fixed extents), "
-                             "on (an error where the step takes batches of any size), off")
+                        help="build the step for batches of --batch-size (a last, partial batch is left out), bind "
+                             "its inputs and outputs at fixed addresses and, on CUDAExecutionProvider, run it as "
+                             "CUDA graphs: auto (default: on CUDA), on, off")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     training_arguments(parser)
     coloring_arguments(parser, float32=True)
@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     evaluation = read_data(args.eval) if args.eval else None
     Schedule(args.schedule, args.warmup_steps, 0, args.step_size, args.gamma)  # its errors before the build
     batching = Batching.parse(args.batch_axes, args.fixed)
-    step = build_step(args, [_first_batch(train, batching, args.batch_size)])
+    first = _first_batch(train, batching, args.batch_size)
+    step = _built(args, first)
     if untrained([(c.role, step.initial[c.input]) for c in step.spec.carried if c.role in RUNNING_ROLES]):
         print("amp-rewrite: warning: every BatchNormalization's running statistics hold their initial values "
               "(means 0, variances 1): training replaces them with the data's, which moves the model's inference "
@@ -101,10 +102,6 @@ def run(args: argparse.Namespace) -> int:
     schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)
     evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
-    if args.graph_mode == "on" and step.spec.extents is None:
-        raise UserError("--graph-mode on needs a step of fixed extents, and this model's step takes batches of any "
-                        "size (train fixes them to the data's only where the model's shapes need it): use "
-                        "--graph-mode auto or off")
     trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,
                       provider_options=provider_options, batching=batching, graph_mode=GRAPH_MODES[args.graph_mode])
     first = trainer.resume(args.resume) + 1 if args.resume else 1
@@ -161,6 +158,20 @@ def _classes(step) -> int | None:
     output = next((o for o in step.forward.graph.output if o.name == step.spec.outputs[0]), None)
     dims = output.type.tensor_type.shape.dim if output is not None else []
     return dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
+
+
+def _built(args: argparse.Namespace, first: dict[str, np.ndarray]):
+    """The step, built for the extents of the first batch where graph mode wants fixed ones (``on``,
+    or ``auto`` on CUDA; ``auto`` falls back to a step of any batch where that build fails)."""
+    graphs = args.graph_mode == "on" or args.graph_mode == "auto" and args.train_provider == "CUDAExecutionProvider"
+    if not graphs:
+        return build_step(args, [first])
+    try:
+        return build_step(args, [first], {name: np.shape(array) for name, array in first.items()})
+    except UserError:
+        if args.graph_mode == "on":
+            raise
+        return build_step(args, [first])
 
 
 def _first_batch(data: dict[str, np.ndarray], batching: Batching, size: int) -> dict[str, np.ndarray]:

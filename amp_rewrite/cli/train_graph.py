@@ -19,16 +19,17 @@ def add_parser(commands) -> None:
     coloring_arguments(parser, float32=True)
 
 
-def build_step(args: argparse.Namespace, range_data=()):
+def build_step(args: argparse.Namespace, range_data=(), specialize=None):
     """The training step the flags describe (shared with ``train``, whose training data its
-    range check runs on: ``range_data``); its warnings on stderr."""
+    range check runs on: ``range_data``, and which fixes its extents for graph mode:
+    ``specialize``); its warnings on stderr."""
     from amp_rewrite.training import build  # the training layers: only for this command
 
     step = build(args.input, loss=args.loss, params=args.param, optimizer_spec=args.optimizer,
                  precision=args.precision, loss_scale=args.loss_scale, options=convert_options(args),
                  output=args.output, labels=args.labels, batchnorm=args.batchnorm, range_data=range_data,
                  train=args.train_patterns, freeze=args.freeze_patterns, clip_norm=args.clip_norm,
-                 accumulate=args.accumulate)
+                 accumulate=args.accumulate, specialize=specialize, conv_weight_grad=args.conv_weight_grad)
     for note in step.report.notes if step.report else ():
         if note.startswith("warning:"):
             print(f"amp-rewrite: {note}", file=sys.stderr)

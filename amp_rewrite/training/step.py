@@ -31,6 +31,7 @@ from amp_rewrite.autodiff import add_backward
 from amp_rewrite.autodiff.context import DynamicShapes
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.autodiff.recurrent import unrolled
+from amp_rewrite.autodiff.rules.conv_weight_grad import checked
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
@@ -125,7 +126,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
           batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
           train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
-          specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1) -> TrainingStep:
+          specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1,
+          conv_weight_grad: str = "direct") -> TrainingStep:
     """The training step of ``model`` (of its float32 view where its floats are another type:
     ``float32_view``). ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
@@ -144,7 +146,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     extents: the step is built for those (``ir.specialize``: shapes computed at run time folded
     to constants), and takes batches of them only; where a rule needs static shapes and
     ``range_data`` is given, the step is specialized to its first sample's extents by itself.
-    ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``)."""
+    ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``).
+    ``conv_weight_grad``: how Conv weight gradients are formulated (``add_backward``'s option:
+    "direct", "auto", or a formulation forced where it applies)."""
     arguments = dict(locals())
     try:
         return _build(**arguments)
@@ -158,9 +162,10 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
 
 
 def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, output, labels, batchnorm,
-           range_data, train, freeze, clip_norm, specialize, accumulate) -> TrainingStep:
+           range_data, train, freeze, clip_norm, specialize, accumulate, conv_weight_grad) -> TrainingStep:
     """``build``'s work, for given extents or none."""
     accumulate = validated(accumulate)
+    conv_weight_grad = checked(conv_weight_grad)
     if clip_norm is not None and not clip_norm > 0:
         raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
     if batchnorm not in ("train", "freeze"):
@@ -212,7 +217,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
-    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate)
+    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate, conv_weight_grad)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
@@ -335,7 +340,7 @@ class _Assembled:
 
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
               opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None,
-              accumulate: int) -> _Assembled:
+              accumulate: int, conv_weight_grad: str) -> _Assembled:
     graph = proto.graph
     scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"] + ([COUNT] if accumulate > 1 else [])
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
@@ -345,7 +350,7 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
         raise UserError(f"the model already has values named {', '.join(clash)}: rename them to train it")
     graph.input.extend(helper.make_tensor_value_info(n, FLOAT, []) for n in scalar_inputs)
     graph.input.extend(helper.make_tensor_value_info(s, FLOAT, list(initial[p].shape)) for s, p in zip(sums, params))
-    backprop = add_backward(proto, loss, params, seed="loss_scale")
+    backprop = add_backward(proto, loss, params, seed="loss_scale", conv_weight_grad=conv_weight_grad)
     b = backprop.builder
     for name in scalar_inputs + sums:
         b.types[name] = FLOAT

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from onnx import TensorProto
 
 from amp_rewrite.autodiff.context import SLICE_END
+from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder
 
 Dims = tuple[int, ...]
@@ -43,6 +44,13 @@ Dims = tuple[int, ...]
 MODES = ("direct", "grouped", "transposed", "im2col", "auto")
 """The values of ``add_backward``'s ``conv_weight_grad``: a formulation forced where it applies
 (``direct`` elsewhere), or ``auto`` (:func:`choose`'s rule)."""
+
+def checked(mode: str) -> str:
+    """``mode``, where it is one of ``MODES``; else a UserError naming them."""
+    if mode not in MODES:
+        raise UserError(f"conv_weight_grad {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
 
 HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 """Operand types whose partial sums are cast to float32 before they are added."""
