@@ -1079,6 +1079,9 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
         if not calibrate or not any(r.get("untrained_statistics") for r in rows):
             return rows
         calibrated = work / "calibrated.onnx"
+        sample = model.with_suffix(".sample.npz")  # the calibrated model's data: the same inputs
+        if sample.exists():
+            shutil.copyfile(sample, calibrated.with_suffix(".sample.npz"))
         code, _, err, secs = run_one(_ft_train_cmd(amp, model, work, meta, "float32", FT_CALIBRATION_EPOCHS,
                                                    ["--lr", "0"], calibrated), timeout)
         meta = _ft_meta(calibrated, work, timeout) if code == 0 else {"skip": f"calibration (exit {code})"}
@@ -1215,7 +1218,8 @@ def finetune(argv: list[str]) -> None:
     p.add_argument("--timeout", type=float, default=300, help="seconds per train")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", help="train's --lr (default: train's own default)")
-    p.add_argument("--batchnorm", choices=("train", "freeze"), help="train's --batchnorm (default: train's own)")
+    p.add_argument("--batchnorm", choices=("auto", "train", "freeze"),
+                   help="train's --batchnorm (default: train's own)")
     p.add_argument("--calibrate", action="store_true",
                    help="calibrate never-calibrated BatchNormalization statistics first (see finetune_model)")
     a = p.parse_args(argv)

@@ -107,8 +107,10 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--loss-scale", metavar="dynamic|none|N",
                        help="dynamic loss scaling (the default for float16), none (the default otherwise), "
                             "or a static scale")
-    group.add_argument("--batchnorm", choices=("train", "freeze"), default="train",
-                       help="BatchNormalization on batch statistics with running ones updated, or frozen")
+    group.add_argument("--batchnorm", choices=("auto", "train", "freeze"), default="auto",
+                       help="BatchNormalization on batch statistics with running ones updated (train), or on its "
+                            "running ones, kept (freeze); auto (default): freeze trained statistics, train ones "
+                            "that hold their initial values")
     group.add_argument("--conv-weight-grad", default="direct", metavar="direct|auto|grouped|transposed|im2col",
                        help="how Conv weight gradients are formulated: direct (default), auto (chosen by shape "
                             "for the GPU), or grouped, transposed, im2col where each applies")

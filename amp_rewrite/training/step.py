@@ -48,7 +48,7 @@ from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
-from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode
+from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode, untrained
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
 from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
 
@@ -124,7 +124,7 @@ class TrainingStep:
 def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
           precision: str = "float16", loss_scale: str | float | LossScale | None = None,
           options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
-          batchnorm: str = "train", range_data: Sequence[Mapping[str, np.ndarray]] = (),
+          batchnorm: str = "auto", range_data: Sequence[Mapping[str, np.ndarray]] = (),
           train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
           specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1,
           conv_weight_grad: str = "direct") -> TrainingStep:
@@ -135,8 +135,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
     ``precision`` overrides theirs ("float32": no rewrite). ``loss_scale``: "dynamic" (default
     for float16), "none" (default otherwise), a number (static), or a :class:`LossScale`. ``batchnorm``: "train" (batch
-    statistics; running statistics updated and carried) or "freeze" (running statistics
-    used as they are). Dropout is active in the step. ``range_data``: samples of the data
+    statistics; running statistics updated and carried), "freeze" (running statistics
+    used as they are) or "auto" (``batchnorm_mode``: freeze a model's trained statistics,
+    train ones never trained). Dropout is active in the step. ``range_data``: samples of the data
     inputs and labels (the training data) for the rewrite's range check, which otherwise runs
     on generated inputs. ``train`` / ``freeze``: regular expressions searched in each parameter's
     name and in the names of the nodes that read it: only the parameters some ``train`` pattern
@@ -168,8 +169,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     conv_weight_grad = checked(conv_weight_grad)
     if clip_norm is not None and not clip_norm > 0:
         raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
-    if batchnorm not in ("train", "freeze"):
-        raise UserError(f"batchnorm must be train or freeze, got {batchnorm!r}")
+    if batchnorm not in BATCHNORM_MODES:
+        raise UserError(f"batchnorm must be one of {', '.join(BATCHNORM_MODES)}, got {batchnorm!r}")
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
     scaling = LossScale.parse(loss_scale if loss_scale is not None else "dynamic" if precision == "float16" else "none")
@@ -205,7 +206,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     else:
         proto = onnx.ModelProto.FromString(forward.SerializeToString())
     unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
-    running = batchnorm_to_train_mode(proto) if batchnorm == "train" else []
+    running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
     found = [name for name in default_parameters(proto, loss) if name in weights]
     names = _selected(proto, params if params is not None else found, train, freeze)
@@ -225,6 +226,30 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None, accumulate=accumulate)
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
+
+
+BATCHNORM_MODES = ("auto", "train", "freeze")
+
+
+def batchnorm_mode(proto: onnx.ModelProto, batchnorm: str) -> str:
+    """``batchnorm``, with "auto" resolved: "freeze" where some top-level BatchNormalization's
+    running statistics were trained (a pretrained model: fine-tuning keeps them, as Keras advises,
+    so a few small batches do not replace what the model learned on its data), "train" where
+    every one still holds its initial value (means 0, variances 1: a model never trained learns
+    them) or where they are computed, not stored."""
+    if batchnorm != "auto":
+        return batchnorm
+    stored = {t.name: t for t in proto.graph.initializer}
+    copied = {n.output[0]: n.input[0] for n in proto.graph.node  # TorchScript's shared statistics
+              if n.op_type == "Identity" and n.input and n.input[0] in stored}
+    stats = []
+    for node in proto.graph.node:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for i, role in ((3, "running_mean"), (4, "running_var")):
+                name = copied.get(node.input[i], node.input[i])
+                if name in stored:
+                    stats.append((role, read_array(stored[name], None)))
+    return "train" if not stats or untrained(stats) else "freeze"
 
 
 def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:

@@ -1,0 +1,52 @@
+"""``batchnorm="auto"`` (train's default): a model whose BatchNormalization statistics were
+trained keeps them (fine-tuning); one whose statistics hold their initial values learns them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from amp_rewrite.training import build
+from amp_rewrite.training.step import batchnorm_mode
+from tests.helpers import rng
+
+
+def _conv_bn(mean: np.ndarray, var: np.ndarray, shared: bool = False) -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization -> Relu -> y; ``shared``: the statistics are Identity nodes
+    of the scale and bias initializers, as TorchScript writes a fresh model's equal tensors."""
+    inits = [numpy_helper.from_array(rng(1).normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "beta")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    if shared:
+        nodes[:0] = [helper.make_node("Identity", ["beta"], ["mean"]), helper.make_node("Identity", ["gamma"], ["var"])]
+    else:
+        inits += [numpy_helper.from_array(mean, "mean"), numpy_helper.from_array(var, "var")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+FRESH = (np.zeros(4, np.float32), np.ones(4, np.float32))
+TRAINED = (np.full(4, 0.2, np.float32), np.full(4, 1.7, np.float32))
+
+
+@pytest.mark.parametrize("model, mode", [
+    (_conv_bn(*FRESH), "train"), (_conv_bn(*FRESH, shared=True), "train"), (_conv_bn(*TRAINED), "freeze"),
+    (_conv_bn(TRAINED[0], FRESH[1]), "freeze"),  # one trained statistic is enough
+])
+def test_auto_freezes_trained_statistics_and_trains_initial_ones(model, mode) -> None:
+    assert batchnorm_mode(model, "auto") == mode
+    step = build(model, loss="mse", output="y", precision="float32")
+    assert sorted(c.role for c in step.spec.carried if c.role.startswith("running")) == \
+        (["running_mean", "running_var"] if mode == "train" else [])
+
+
+def test_an_explicit_mode_wins() -> None:
+    for given in ("train", "freeze"):
+        assert batchnorm_mode(_conv_bn(*TRAINED), given) == given
+        assert batchnorm_mode(_conv_bn(*FRESH), given) == given
