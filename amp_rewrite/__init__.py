@@ -19,7 +19,7 @@ _PUBLIC = {"Precision": "ir.precision", "CheckResult": "numerics.check", "Tolera
            "analyze": "rewrite.pipeline", "Report": "rewrite.report", "BenchResult": "workflows.bench",
            "bench": "workflows.bench", "check": "workflows.check", "convert": "workflows.convert"}
 """Where each public name lives: imported when first asked for, so that a command pays only
-for the layers it uses (importing all of them took 0.15 s of every command's start-up)."""
+for the layers it uses (importing all of them would slow every command's start-up)."""
 __all__ = ["Analysis", "BenchResult", "CheckResult", "Color", "ConvertOptions", "Precision", "Report", "Tolerance",
            "UserError", "analyze", "bench", "check", "convert"]
 

@@ -19,8 +19,9 @@ from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.min_cut import INFINITE, min_cut
-from amp_rewrite.rewrite.passes import ANALYSIS, ChooseMinCasts
+from amp_rewrite.rewrite.passes import ChooseMinCasts
 from amp_rewrite.rewrite.passes.choose_min_casts import cast_bytes
+from amp_rewrite.rewrite.pipeline import analysis_passes
 
 CAPACITIES = st.one_of(st.integers(0, 20), st.integers(2**40, 2**70), st.just(INFINITE))
 """Small ones for ties and zero edges, byte counts beyond 32 (and 64) bits, and infinite edges."""
@@ -122,9 +123,9 @@ def random_models(draw) -> onnx.ModelProto:
 def _analysis_before_min_cut(model: onnx.ModelProto, keep_io_types: bool) -> Analysis:
     options = ConvertOptions(provider=None, range_check="off", keep_io_types=keep_io_types).validated()
     analysis = Analysis(ModelIndex(model), options)
-    for step in ANALYSIS:
-        if step is not ChooseMinCasts:
-            step().run(analysis)
+    for step in analysis_passes(options):
+        if not isinstance(step, ChooseMinCasts):
+            step.run(analysis)
     return analysis
 
 

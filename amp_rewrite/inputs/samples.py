@@ -46,9 +46,9 @@ FALLBACK_DIMS = (1, 2, 4)
 SAMPLE_ELEMENTS = 1 << 18
 """The most elements one generated sample's inputs hold where free dimensions decide it: names
 nothing binds are halved from NAMED_DIM until the sample fits (or they reach 1); the fallback
-extents (FALLBACK_DIMS), tried when that does not run, are not capped. Eight 224x224
-images cost the range check 4-6 s on timm's ViT-Base and RDNet (one run each) and say no more
-about value ranges than one does."""
+extents (FALLBACK_DIMS), tried when that does not run, are not capped. A batch of many
+images makes the range check's run as many times longer, and says no more about value ranges
+than one image does."""
 LONGER_DIMS = (16, 128, 1024, 8192)
 """Extents tried last for the free dimensions that no input leads with (not the batch), and only
 after a run failed inside the model

@@ -67,9 +67,8 @@ def load(path: str | os.PathLike, borrow: int = 0) -> onnx.ModelProto:
 
 STREAMED_LOAD_BYTES = 64 << 20
 """Files of at least this size are parsed tensor by tensor (``_load_streamed``): ``onnx.load``
-holds the file's bytes and the parsed model at once, twice the model (a GPT-2 small's 622 MiB
-took 1,282 MiB to load, 824 streamed, in 0.58 s instead of 0.95; the 73 MB 50k-node benchmark
-transformer 0.16 s instead of 0.19)."""
+holds the file's bytes and the parsed model at once, twice the model, where a streamed load
+holds the model and one tensor's bytes (and takes less time too; figures in benchmarks/RESULTS.md)."""
 
 
 def _load_streamed(path: Path, borrow: int) -> onnx.ModelProto:
@@ -117,8 +116,7 @@ class _Lender:
     """Borrowing (``load(path, borrow=BYTES)``): a float initializer of at least ``BYTES``
     (``convert``: ``EXTERNAL_THRESHOLD``) whose raw data is its serialized form's last field is held as
     external data in the model file itself (``location`` its name, ``offset`` where the raw
-    data starts): the model in memory lacks the weights' bytes (the 76.7 MB 50k-node benchmark
-    transformer: 143 MiB resident after the load, 71 borrowed), which are read when needed
+    data starts): the model in memory lacks the weights' bytes, which are read when needed
     and written back into the model by ``save(..., source)``."""
 
     def __init__(self, location: str, least: int) -> None:

@@ -22,8 +22,9 @@ def ensure_opset(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     """``model`` itself when its default-domain opset is at least ``minimum``, else a copy
     upgraded with ONNX's version converter (a clear error when it cannot be). The converter
     adapts ops, not weights: it gets the top-level initializers over ``SMALL_TENSOR`` elements
-    without their values, which go back in by name (through it, a 575 MB VGG-19 took 10.3 s;
-    so, 1.0 s, the same bytes)."""
+    without their values, which go back in by name (the converter copies the model whole, more
+    than once: large weights would make that the upgrade's whole cost; the result has the same
+    bytes)."""
     current = default_opset(model)
     if current is not None and current >= minimum:
         return model

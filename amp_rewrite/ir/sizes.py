@@ -57,9 +57,10 @@ class ValueSizes:
 class InferredTypes:
     """Tensor types that ONNX shape inference found, by graph id (``ModelIndex``'s numbering)
     and name. Of the inferred model, only its graphs' value infos are parsed, each as its name
-    and its type's bytes (``_infos_type``: parsing the whole model cost more than the
-    inference, and a parsed TypeProto per value held 31 MB at 48.6k nodes, a dict of tensor
-    types 30 MB); a type is read when asked for (the costs ask for about a quarter of them)."""
+    and its type's bytes (``_infos_type``: parsing the whole model costs more than the
+    inference, and a parsed TypeProto, or a tensor type, per value holds a message per value
+    that the costs mostly never read); a type is read when asked for (the costs ask for a
+    fraction of them)."""
 
     def __init__(self, inferred: bytes) -> None:
         self._types = [{info.name: info.type for infos in (graph.value_info, graph.output) for info in infos}
@@ -141,7 +142,7 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         dims = tensor.dims
         if math.prod(dims) <= SMALL_TENSOR:  # shape operands: data propagation needs their values
             graph.initializer.append(tensor)
-        elif tensor.name not in declared:  # declared in place: helper.make_tensor_value_info took twice as long
+        elif tensor.name not in declared:  # declared in place: helper.make_tensor_value_info builds and copies one
             tensor_type = graph.input.add(name=tensor.name).type.tensor_type
             tensor_type.elem_type = tensor.data_type
             shape = tensor_type.shape.dim
@@ -156,7 +157,7 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """A graph and its subgraphs, in the order ``ModelIndex`` numbers them."""
     yield graph
     for node in graph.node:
-        attributes = node.attribute  # read once: a third of the time on a 50k-node graph
+        attributes = node.attribute  # read once: each protobuf field access costs, for every node
         if attributes:
             for attr in attributes:
                 kind = attr.type

@@ -73,8 +73,8 @@ class _DataFiles:
     """Open descriptors of external data files, read with positioned reads (which share no
     file offset, with other threads or a forked child), each with the last megabyte read
     ahead: a model's thousands of small external tensors, each read with an open, a seek and a
-    close, took 0.73 s for 28k tensors on the 2-core VM, 0.07 s with ``pread`` on one
-    descriptor, and fewer reads again where they lie in order. A few files are kept open,
+    close, would cost a system call or three each, where ``pread`` on one descriptor costs
+    one, and fewer again where they lie in order. A few files are kept open,
     the least recently read closed first, each under its absolute path (readers name a file
     from the model's folder, which callers may spell relative)."""
 

@@ -24,17 +24,19 @@ _DEFAULT_OUTPUT_TYPES = {"ConstantOfShape": TensorProto.FLOAT, "RandomNormal": T
 SUBGRAPH_OUTPUT_OFFSET = {"If": 0, "Loop": 1, "Scan": 0}
 
 
-def infer_types(index: ModelIndex) -> None:
+def infer_types(index: ModelIndex) -> int:
     """Give a value lacking an element type the one its producer's schema, attributes or
-    subgraph declare (two sweeps, so subgraph outputs are known). Shapes are not inferred
-    here; ``sizes`` does that lazily when a cost needs one."""
+    subgraph declare (two sweeps, so subgraph outputs are known); how many got one. Shapes
+    are not inferred here; ``sizes`` does that lazily when a cost needs one."""
     values = index.values
+    typed = 0
     for _ in range(2):
         for node in index.nodes:
             for key in node.outputs:
                 if key is not None and values[key].elem_type is None:
-                    _infer(index, node)
+                    typed += _infer(index, node)
                     break
+    return typed
 
 
 def value_types(index: ModelIndex) -> dict[str, int]:
@@ -92,8 +94,10 @@ def _output_plan(domain: str, op_type: str, opset: int, n_inputs: int, n_outputs
     return plan + (((), None),) * (n_outputs - len(plan))
 
 
-def _infer(index: ModelIndex, node: Node) -> None:
+def _infer(index: ModelIndex, node: Node) -> int:
+    """Type the node's untyped outputs where it implies their types; how many it typed."""
     values = index.values
+    typed = 0
     fixed = _attribute_type(node.proto, node.domain, node.op_type)
     subgraph = _subgraph_types(index, node) if fixed is None else None
     if subgraph is None:
@@ -107,6 +111,8 @@ def _infer(index: ModelIndex, node: Node) -> None:
         value = values[key] if key else None
         if value is not None and value.elem_type is None:
             value.elem_type = subgraph.get(i) if subgraph is not None else implied[i]
+            typed += value.elem_type is not None
+    return typed
 
 
 def _attribute_type(proto: onnx.NodeProto, domain: str, op_type: str) -> int | None:

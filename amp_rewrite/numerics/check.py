@@ -361,8 +361,8 @@ def culprits(suspects: list[Suspect]) -> list[Suspect]:
 BORROW_BYTES = 1 << 16
 """A large model file's float weights of at least this size stay in it (``io.load``'s borrowing):
 the check holds both models, and the sessions in its children read them from the file. Smaller
-ones are loaded: ONNX Runtime opens the file once per external tensor (thousands of small
-weights took seconds)."""
+ones are loaded: ONNX Runtime opens the file once per external tensor, which thousands of
+small weights would make the cost of the check's sessions."""
 
 
 def load_model(model) -> tuple[onnx.ModelProto, str | None]:

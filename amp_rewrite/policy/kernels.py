@@ -33,7 +33,7 @@ INLINED = {("", "CastLike"): (("", "Cast"),),
 body, whose ops (named here, with the same type constraint names) run them, so the function has
 a kernel for a type where every op of its body has one. benchmarks/kernel_check.py saw CastLike
 run as a Cast in float16 on the CPU, and Swish (opset 24) and Mish (opset 22) run their bodies in
-float16 on CUDA with no inserted cast (onnxruntime-gpu 1.31.1, H100, 2026-11-26)."""
+float16 on CUDA with no inserted cast (onnxruntime-gpu 1.31.1)."""
 
 REFUSED_ATTRIBUTES: dict[str, dict[tuple[str, str], tuple[str, frozenset[str], frozenset[str]]]] = {
     "CPUExecutionProvider": {
@@ -48,7 +48,7 @@ REFUSED_ATTRIBUTES: dict[str, dict[tuple[str, str], tuple[str, frozenset[str], f
 (attribute, refused values, types) by op, per provider. Seen by benchmarks/kernel_check.py in ONNX
 Runtime 1.31.1: the CPU kernels ("MLFloat16 data type is not supported with ScatterND opset 16 when
 reduction is 'add'"), and the CUDA ScatterND with a reduction in bfloat16 ("element_type 16 not
-implemented for ScatterND operator"; H100, 2026-11-26; float16 and ScatterElements run)."""
+implemented for ScatterND operator"; float16 and ScatterElements run)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from onnx import TensorProto
 
@@ -39,6 +39,9 @@ class Slots:
 
 @dataclass
 class Analysis:
+    """The context of the analysis passes (``passes.base.Pass``): the model's index, the options,
+    and what the passes found so far (the candidates' slots, the coloring, notes...)."""
+
     index: ModelIndex
     options: ConvertOptions
     base_dir: str | os.PathLike | None = None
@@ -73,16 +76,17 @@ class Analysis:
     inferred when a cost first needs a shape the model lacks."""
 
     def __post_init__(self) -> None:
-        self.policy = Policy(self.options.provider, self.options.policy,
+        coloring = self.options.coloring
+        self.policy = Policy(coloring.provider, coloring.policy,
                              measured=self.measuring is not None or self.measured is not None)
 
     @property
     def precision(self) -> Precision:
-        return Precision(self.options.precision)  # the member itself: the options are validated
+        return self.options.coloring.precision
 
     @property
     def io_color(self) -> Color:
-        return Color.FP32 if self.options.keep_io_types else Color.LOW
+        return Color.FP32 if self.options.coloring.keep_io_types else Color.LOW
 
     def is_float(self, value: Value) -> bool:
         return value.elem_type == FLOAT
@@ -171,9 +175,3 @@ class Analysis:
             yield True, i, index.value(node.inputs[i])
         for i in slots.outputs:
             yield False, i, index.value(node.outputs[i])
-
-
-class ColorPass(Protocol):
-    """An analysis step: reads the model, refines ``analysis.coloring``, edits nothing."""
-
-    def run(self, analysis: Analysis) -> None: ...

@@ -40,13 +40,16 @@ class Decision:
 class Coloring:
     """Decisions keyed by node id, for the candidate nodes only. A reason is kept as one string
     for all the nodes that give the same (interned): most repeat (``allow: matrix product ...``
-    for every MatMul), and one string per node held 6 MB at 50k nodes."""
+    for every MatMul), and a string per node would hold one copy of each for every node.
+    ``changes`` counts the decisions added and changed, so a pass can say whether it changed any."""
 
     def __init__(self) -> None:
         self.decisions: dict[int, Decision] = {}
+        self.changes = 0
 
     def add(self, node_id: int, op_class: str) -> None:
         self.decisions[node_id] = Decision(op_class)
+        self.changes += 1
 
     def fix(self, node_id: int, color: Color, reason: str, priority: Priority) -> bool:
         """Fix a node's color unless a decision of higher priority already holds."""
@@ -54,11 +57,14 @@ class Coloring:
         if decision.priority > priority or (decision.priority == priority and decision.color is not None):
             return False
         decision.color, decision.reason, decision.priority = color, sys.intern(reason), priority
+        self.changes += 1
         return True
 
     def choose(self, node_id: int, color: Color, reason: str) -> None:
         """Record the color chosen for a free node."""
         decision = self.decisions[node_id]
+        if decision.color is not color or decision.reason != reason:
+            self.changes += 1
         decision.color, decision.reason = color, sys.intern(reason)
 
     def color(self, node_id: int) -> Color | None:

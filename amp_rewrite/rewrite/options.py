@@ -1,12 +1,19 @@
-"""The configuration that ``convert`` takes; the CLI only builds one of these."""
+"""The configuration that ``convert`` takes; the CLI only builds one of these.
+
+``ConvertOptions`` is flat, as users and the CLI write it; its views split it by concern
+(``coloring``, ``measurement``, ``validation``, ``output``), and each pass and workflow reads the
+view it needs alone.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar, overload
 
 import onnx
 import onnx.defs
@@ -19,6 +26,91 @@ from amp_rewrite.policy.kernels import PROVIDERS
 UNKNOWN_OP_MODES = ("keep", "warn", "error")
 POLICIES = ("default", "all-low")
 RANGE_CHECK_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class ColoringOptions:
+    """What decides each node's color apart from measurements: the target precision, the
+    provider's kernels, the policy, and the user's overrides (``ConvertOptions`` says what each means)."""
+
+    precision: Precision
+    provider: str | None
+    keep_io_types: bool
+    keep_fp32_ops: Sequence[str]
+    keep_fp32_nodes: Sequence[str]
+    force_low_ops: Sequence[str]
+    force_low_nodes: Sequence[str]
+    unknown_ops: str
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class MeasurementOptions:
+    """Which values are judged, on what data, and against which thresholds: the constants'
+    fit (``underflow_share``) and the range check's or calibration's measured values, all
+    against the target ``precision``."""
+
+    precision: Precision
+    range_check: str
+    range_check_max_bytes: int
+    headroom: float
+    underflow_share: float
+    seed: int
+    shapes: Mapping[str, Sequence[int]]
+    inputs: Sequence
+    calibrate: Sequence
+    flush_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationOptions:
+    """The check of the converted model against the float32 one, emulating ``precision``,
+    and how many conversion rounds it may ask for."""
+
+    precision: Precision
+    validate: Sequence
+    tolerance: Tolerance
+    tolerances: Mapping[str, Tolerance]
+    max_rounds: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """What the output model declares: its default-domain opset and IR version."""
+
+    ir_version: int | None
+    opset: int | None
+
+
+View = TypeVar("View", ColoringOptions, MeasurementOptions, ValidationOptions, OutputOptions)
+
+
+class _ViewOf(Generic[View]):
+    """An attribute of ``ConvertOptions``: its fields that the dataclass ``view`` names, as a
+    ``view`` (``precision`` as its member), made on first use and kept in the instance."""
+
+    def __init__(self, view: type[View]) -> None:
+        self.view: type[View] = view
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, options: None, owner: type) -> _ViewOf[View]:
+        ...
+
+    @overload
+    def __get__(self, options: ConvertOptions, owner: type | None = None) -> View:
+        ...
+
+    def __get__(self, options: ConvertOptions | None, owner: type | None = None) -> View | _ViewOf[View]:
+        if options is None:
+            return self
+        values = {f.name: getattr(options, f.name) for f in dataclasses.fields(self.view)}
+        if "precision" in values:
+            values["precision"] = Precision(options.precision)
+        made = options.__dict__[self.name] = self.view(**values)
+        return made
 
 
 @dataclass
@@ -63,6 +155,10 @@ class ConvertOptions:
       converter); bfloat16 upgrades a model below opset 13 by itself, where its ops allow.
     - ``ir_version``: the IR version the output declares (default: the input's), for a
       runtime that reads only older ones; at least what the model's opsets need.
+
+    The views ``coloring``, ``measurement``, ``validation`` and ``output`` group these fields
+    by concern (each made once, on first use: change options with ``dataclasses.replace``,
+    which makes new ones, rather than in place).
     """
 
     precision: Precision | str = Precision.FLOAT16
@@ -118,10 +214,15 @@ class ConvertOptions:
         if isinstance(self.inputs, (str, os.PathLike, Mapping)) or not all(
                 isinstance(item, (str, os.PathLike, Mapping)) for item in self.inputs):
             raise UserError("inputs must be a list of .npz paths or dicts of arrays")
-        return ConvertOptions(**{**self.__dict__, "precision": precision, "shapes": _shapes(self.shapes),
-                                 "range_check": self._range_check(),
-                                 "tolerance": self.tolerance.resolved(precision.value),
-                                 "tolerances": {k: t.resolved(precision.value) for k, t in self.tolerances.items()}})
+        return dataclasses.replace(self, precision=precision, shapes=_shapes(self.shapes),
+                                   range_check=self._range_check(),
+                                   tolerance=self.tolerance.resolved(precision.value),
+                                   tolerances={k: t.resolved(precision.value) for k, t in self.tolerances.items()})
+
+    coloring = _ViewOf(ColoringOptions)
+    measurement = _ViewOf(MeasurementOptions)
+    validation = _ViewOf(ValidationOptions)
+    output = _ViewOf(OutputOptions)
 
     def _range_check(self) -> str:
         """The range-check mode: "on" when the user gave its inputs or their shapes."""
@@ -139,9 +240,10 @@ class ConvertOptions:
         return "on"
 
 
-def _shapes(shapes) -> dict[str, tuple[int, ...]]:
+def _shapes(shapes) -> dict[str, Sequence[int]]:
     try:
-        checked = {str(name): tuple(operator.index(d) for d in dims) for name, dims in dict(shapes).items()}
+        checked: dict[str, Sequence[int]] = {str(name): tuple(operator.index(d) for d in dims)
+                                             for name, dims in dict(shapes).items()}
     except (TypeError, ValueError):
         raise UserError(f"shapes must map input names to lists of integers, got {shapes!r}") from None
     for name, dims in checked.items():
@@ -156,7 +258,7 @@ def _choose(name: str, value, allowed) -> None:
         raise UserError(f"unknown {name} {value!r}; choose one of: {shown}")
 
 
-def matches_node(name: str, patterns: list[str]) -> str | None:
+def matches_node(name: str, patterns: Sequence[str]) -> str | None:
     """The first pattern equal to ``name`` or fully matching it as a regex."""
     for pattern in patterns:
         if pattern == name or re.fullmatch(pattern, name):

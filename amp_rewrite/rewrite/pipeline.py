@@ -5,6 +5,10 @@ from breaking the result, and ``DeclareInferredShapes`` declares the shapes the 
 0. InlineFunctions, UpgradeOpset  1. InferTypes  2. FindCandidates  3. ColorByPolicy  4. KeepUnfitConstants
 5. KeepTruncatedValues  6. KeepQuantizedUnits  7. MeasureRanges  8. PropagateDeny  9. KeepRmsEpsilons
 10. ChooseMinCasts  11. InsertCasts  12. SeparateNormCasts  13. DeclareInferredShapes
+
+Each stage is a sequence of passes on one context (``passes.base``): ``model_passes`` on the model
+before it is indexed, ``analysis_passes`` on the ``Analysis``, ``rewrite_passes`` on the ``Rewrite``;
+``run_passes`` runs one and times each pass under its name in ``Analysis.seconds``.
 """
 
 from __future__ import annotations
@@ -14,28 +18,72 @@ import functools
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 import onnx
 
 from amp_rewrite.ir.graph import ModelIndex
-from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
-from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.options import ConvertOptions, MeasurementOptions
 from amp_rewrite.rewrite.passes import (
-    ANALYSIS,
+    ChooseMinCasts,
+    ColorByPolicy,
     DeclareInferredShapes,
+    FindCandidates,
+    InferTypes,
     InlineFunctions,
     InsertCasts,
+    KeepQuantizedUnits,
+    KeepRmsEpsilons,
+    KeepTruncatedValues,
+    KeepUnfitConstants,
     MeasureRanges,
+    Pass,
+    PassResult,
+    PropagateDeny,
+    Rewrite,
+    RewriteStats,
     SeparateNormCasts,
     UpgradeOpset,
 )
-from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.runtime import ranges
 from amp_rewrite.runtime.isolate import release_free_memory
 from amp_rewrite.runtime.ranges import Measurement
+
+Context = TypeVar("Context")
+
+
+def model_passes(options: ConvertOptions) -> tuple[InlineFunctions, UpgradeOpset]:
+    """Step 0, on the model itself (``options`` validated)."""
+    return InlineFunctions(), UpgradeOpset(options.output, options.coloring.precision)
+
+
+def analysis_passes(options: ConvertOptions) -> tuple[Pass[Analysis], ...]:
+    """Steps 1 to 10, on the analysis, each given its part of ``options`` (validated)."""
+    return (InferTypes(), FindCandidates(), ColorByPolicy(options.coloring), KeepUnfitConstants(options.measurement),
+            KeepTruncatedValues(), KeepQuantizedUnits(), MeasureRanges(options.measurement), PropagateDeny(),
+            KeepRmsEpsilons(), ChooseMinCasts())
+
+
+def rewrite_passes(defer: bool = False) -> tuple[Pass[Rewrite], ...]:
+    """Steps 11 to 13, which edit the model (``defer``: as ``InsertCasts`` takes it)."""
+    return InsertCasts(defer), SeparateNormCasts(), DeclareInferredShapes()
+
+
+def run_passes(passes: Iterable[Pass[Context]], context: Context, seconds: dict[str, float]) -> PassResult:
+    """Run ``passes`` on ``context`` in order, adding each one's seconds to ``seconds`` under its
+    name; what they did together (changed where any changed; their notes in order)."""
+    changed = False
+    notes: list[str] = []
+    for step in passes:
+        started = time.perf_counter()
+        result = step.run(context)
+        seconds[step.name] = seconds.get(step.name, 0.0) + time.perf_counter() - started
+        changed = changed or result.changed
+        notes.extend(result.notes)
+    return PassResult(changed, tuple(notes))
 
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
@@ -48,53 +96,58 @@ def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
     values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). A model
     that defines functions is analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
     options = (options or ConvertOptions()).validated()
-    inlined = upgraded = None
-    if model.functions or UpgradeOpset.needed(model, options):
+    return _analyze(model, options, base_dir, measured, measuring, speculate, {})
+
+
+def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os.PathLike | None,
+             measured: dict | None, measuring: Measurement | None, speculate: bool,
+             seconds: dict[str, float]) -> Analysis:
+    """``analyze`` with validated ``options``, its steps timed into ``seconds`` (which may hold
+    the caller's steps already)."""
+    prepared = PassResult(False)
+    inline, upgrade = model_passes(options)
+    if model.functions or upgrade.needed(model):
         model = onnx.ModelProto.FromString(model.SerializeToString())
-        inlined = InlineFunctions().run(model)
-        upgraded = UpgradeOpset().run(model, options)
+        prepared = run_passes((inline, upgrade), model, seconds)
     if measuring is None and measured is None:
         measuring = start_measuring(model, options, base_dir)
     try:
         with gc_paused():
             started = time.perf_counter()
             # Shapes the model lacks are inferred before the index exists, and the inference's
-            # memory is handed back before the index is built: inferred after it, on a 50k-node
-            # model, they peaked at 100 MB above the index (the conversion's peak). (Inferred in
-            # a child process beside the analysis, they cost 70 MB more PSS and saved no time.)
+            # memory is handed back before the index is built: inferred after it, their memory
+            # would add to the index's at the conversion's peak. (Inferred in a child process
+            # beside the analysis, they would cost more memory and save no time.)
             inferred = inferred_types(model) if lacks_shapes(model) else None
             release_free_memory()
             inferred_at = time.perf_counter()
             analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
-                                remeasure=functools.partial(ranges.measure, model, _range_source(options), base_dir),
-                                speculate=speculate, inferred=inferred)
+                                remeasure=functools.partial(ranges.measure, model, _range_source(options.measurement),
+                                                            base_dir),
+                                speculate=speculate, inferred=inferred, seconds=seconds)
             analysis.seconds["ShapeInference"] = inferred_at - started
             analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
-            for step in ANALYSIS:
-                started = time.perf_counter()
-                step().run(analysis)
-                analysis.seconds[step.__name__] = time.perf_counter() - started
+            analysis.notes.extend(run_passes(analysis_passes(options), analysis, analysis.seconds).notes)
     except BaseException:
         if measuring is not None:
             measuring.close()
         raise
     if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
         measuring.close()
-    analysis.notes.extend(note for note in (inlined, upgraded) if note)
+    analysis.notes.extend(prepared.notes)
     return analysis
 
 
 def start_measuring(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
     """The range check's measurement of every float value of ``model``, started beside the
     analysis (None where the options rule the range check out, or no child can be had)."""
-    if MeasureRanges.skip_reason(model, options):
+    if MeasureRanges(options.measurement).skip_reason(model):
         return None
-    return ranges.start(model, _range_source(options), base_dir)
+    return ranges.start(model, _range_source(options.measurement), base_dir)
 
 
-def _range_source(options: ConvertOptions) -> ranges.Source:
-    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed,
-                         Precision(options.precision))
+def _range_source(options: MeasurementOptions) -> ranges.Source:
+    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed, options.precision)
 
 
 def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
@@ -103,28 +156,24 @@ def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | Non
     """Color ``proto`` and insert its casts, in place. ``defer``: leave the conversion of
     top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``:
     as ``analyze`` takes them."""
+    options = options.validated()
     with gc_paused():
-        inlined = InlineFunctions().run(proto)
-        upgraded = UpgradeOpset().run(proto, options.validated())
-        analysis = analyze(proto, options, base_dir, measured, measuring=measuring, speculate=speculate)
-        analysis.notes.extend(note for note in (inlined, upgraded) if note and note not in analysis.notes)
+        seconds: dict[str, float] = {}
+        prepared = run_passes(model_passes(options), proto, seconds)
+        analysis = _analyze(proto, options, base_dir, measured, measuring, speculate, seconds)
+        analysis.notes.extend(note for note in prepared.notes if note not in analysis.notes)
         release_free_memory()
-        started = time.perf_counter()
-        stats = InsertCasts(defer).run(analysis)
-        SeparateNormCasts().run(analysis, stats)
-        analysis.seconds[InsertCasts.__name__] = time.perf_counter() - started
-        started = time.perf_counter()
-        DeclareInferredShapes().run(analysis, stats.retyped)
-        analysis.seconds[DeclareInferredShapes.__name__] = time.perf_counter() - started
-        return analysis, stats
+        edits = Rewrite(analysis)
+        analysis.notes.extend(run_passes(rewrite_passes(defer), edits, analysis.seconds).notes)
+        return analysis, edits.stats
 
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector: reference counting still frees what is
     not in a cycle, and cycles wait until it resumes. The index and the analysis allocate
-    a few objects per node and value, none in cycles; with the collector on, each of its
-    passes over this growing heap costs more (a quarter of a 50k-node model's conversion)."""
+    a few objects per node and value, none in cycles; with the collector on, it would walk
+    this growing heap again and again, each walk longer than the last, and find nothing to free."""
     enabled = gc.isenabled()
     gc.disable()
     try:

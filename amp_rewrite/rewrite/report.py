@@ -57,7 +57,7 @@ class Report:
 
     def to_json(self) -> str:
         """The report as JSON, a node's decision to a line. Written by json's C encoder, field
-        by field: an indented dump of the whole runs in Python (1.2 s at 50k nodes)."""
+        by field: an indented dump of the whole would run in Python, node by node."""
         parts = []
         for name in (f.name for f in fields(self)):
             value = getattr(self, name)
@@ -134,7 +134,7 @@ def _tally(pairs) -> dict[str, dict[str, int]]:
 
 
 def build_report(analysis: Analysis, stats: RewriteStats | None) -> Report:
-    options, index = analysis.options, analysis.index
+    options, index = analysis.options.coloring, analysis.index
     shown = {Color.LOW: Color.LOW.value, Color.FP32: Color.FP32.value, None: Color.FP32.value}
     decisions = []
     for node_id, decision in sorted(analysis.coloring.decisions.items()):

@@ -56,8 +56,8 @@ class Thresholds:
 
 class ValueStats(NamedTuple):
     """What a run showed of one float value. A tuple: a measurement's statistics of every value
-    cross from the measuring child to the caller pickled, and tuples pickle and load in 0.12-0.14 s
-    at 48k values, frozen dataclasses in 0.19 s."""
+    cross from the measuring child to the caller pickled, and tuples pickle and load faster than
+    frozen dataclasses."""
 
     max_abs: float
     nonzero: int
@@ -104,9 +104,9 @@ class ValueStats(NamedTuple):
 
 class PackedStats:
     """Statistics by value key, packed for the trip from a measuring child to its caller: the
-    keys, and their ``ValueStats`` as rows of one array. At 50k values a dict of ValueStats took
-    15 MB in the caller once unpickled, at the end of a conversion (its memory peak); the keys
-    and rows, with the position of each key, take 8. Read as a Mapping's ``get``."""
+    keys, and their ``ValueStats`` as rows of one array. A dict of ValueStats, an object per value,
+    would hold more memory in the caller once unpickled, at the end of a conversion (its memory
+    peak), than the keys and rows with the position of each key. Read as a Mapping's ``get``."""
 
     def __init__(self, stats: Mapping[ValueKey, ValueStats]) -> None:
         self.keys = list(stats)
@@ -331,10 +331,10 @@ def session(model: onnx.ModelProto | bytes, base_dir: str | os.PathLike | None =
     error when it is not there or does not start); external data is read from ``base_dir``.
     ``optimize`` is a key of OPTIMIZATION (the graph rewrites ONNX Runtime may do).
     ``reuse_memory=False`` skips ONNX Runtime's buffer-reuse planning, whose time grows faster
-    than linearly with the node count (minutes for 20k nodes), at the price of holding every
-    intermediate value to the end of a run. ``arena=False`` allocates CPU buffers from the C
-    heap rather than from ONNX Runtime's growing arena: without buffer reuse, the 48.6k-node
-    benchmark transformer's stages ran in 0.4 s instead of 0.9-1.4 s.
+    than linearly with the node count, at the price of holding every intermediate value to the
+    end of a run. ``arena=False`` allocates CPU buffers from the C heap rather than from ONNX
+    Runtime's growing arena: without buffer reuse each value is allocated once, and the arena
+    only grows (``stages`` runs so).
     ``threads``: the size of ONNX Runtime's intra-op thread pool (0: its default, one per core).
     ``profile_prefix`` turns ONNX Runtime's profiler on (``end_profiling`` names the file);
     ``save_optimized`` is where ONNX Runtime writes the model it runs (its inserted casts in it).

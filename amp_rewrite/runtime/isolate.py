@@ -14,9 +14,9 @@ before the fork (``_SPILLED``): through the pipe, the child would wait for the c
 it, holding its memory (the ONNX Runtime session, its copies of the caller's pages) while the
 caller goes on converting. Small work that pickles (``portable``) goes instead, from the process's second isolated work
 on, to its worker, a child forked once that runs one piece after another (``_Worker``): a fork
-costs in proportion to the caller's address space (here 6 ms to fork a 200 MB process, 70 ms
-at 2 GB, and as long again to take the child down), which a process that converts many small
-models paid in every conversion, many times over the work.
+costs in proportion to the caller's address space (and as much again to take the child down),
+which a process that converts many small models would pay in every conversion, many times over
+the work.
 
 Children are forked with ``os.fork`` (``_Forked``), not as ``multiprocessing`` processes:
 those refuse to start in a daemonic process, which every ``multiprocessing.Pool`` worker is,
@@ -70,7 +70,7 @@ FORKS = hasattr(os, "fork")
 CHILD_IMPORTS = ("onnxruntime", "numpy.random")
 """What the work imports (ONNX Runtime; numpy's generators, for generated inputs): imported by the
 caller before its second child (``Started._count``). What a child imports dies with it: a process
-that converts many small models paid these imports (25-60 ms) in every conversion's child."""
+that converts many small models would pay these imports in every conversion's child."""
 
 
 class NativeFailure(UserError):
@@ -83,9 +83,9 @@ class Hung(NativeFailure):
 
 class Stalled(Hung):
     """The child process stopped using CPU before it finished: deadlocked, as a forked child is
-    where a lock that another thread of the caller held at the fork stays held. Seen once in
-    some 20,000 fuzzed conversions (ONNX Runtime creating a session; not again when replayed):
-    another child may not be."""
+    where a lock that another thread of the caller held at the fork stays held. Rare (where ONNX
+    Runtime creates a session, and not again when the same work is replayed): another child may
+    not be."""
 
 
 class IsolationWarning(UserWarning):

@@ -2,22 +2,20 @@
 
 Two things make "one session with every value as an output" slow on big graphs:
 ONNX Runtime's session creation grows faster than linearly with the node count
-(its buffer-reuse planner most of all: a 20k-node model took minutes), and a run
-holds every exposed value at once. ``measure`` therefore
+(its buffer-reuse planner most of all), and a run holds every exposed value at once.
+``measure`` therefore
 
 - keeps only the nodes that the watched values depend on;
 - cuts them, in the graph's order, into stages of at most ``STAGE_NODES`` nodes
   (nested nodes counted), each run as its own model, with buffer reuse off, and ONNX Runtime's
   memory arena off but where a stage holds subgraphs: a Loop allocates its body's values again
-  on every iteration, which the arena recycles (Mask R-CNN's paste-masks Loop, 100 iterations
-  over 800x800 canvases: 12.4 s without, 6.3 s with), where a straight-line stage without buffer
-  reuse only grows it (the 48.6k-node benchmark transformer: 0.4 s without, 0.9-1.4 s with);
+  on every iteration, which the arena recycles (Mask R-CNN's paste-masks Loop), where a
+  straight-line stage without buffer reuse allocates each value once and the arena only grows;
 - feeds each stage the values earlier stages computed, reduces the watched values it
   returns to ``ValueStats`` at once, and keeps only what later stages read;
 - frees a stage's session and values before the next, whose allocations reuse their memory
-  (handing it back to the system after each stage, ``malloc_trim``, cost 0.9 s of 3.0 on the
-  48.6k-node benchmark transformer: the next stage faulted the pages in again; the peak was
-  the same).
+  (handing it back to the system after each stage, ``malloc_trim``, would make the next stage
+  fault the pages in again, and lowers no peak).
 
 Memory holds one stage's values plus the values crossing into later stages.
 """
@@ -42,13 +40,9 @@ from amp_rewrite.runtime.isolate import Progress, caller_waits
 
 STAGE_NODES = 500
 """Nodes per stage: small enough that session creation stays linear and that a stage's
-session and values stay small, large enough that the per-session overhead does not show.
-Measured on the 48.6k- and 19.4k-node benchmark transformers (2 cores, the analysis running
-beside): 500 nodes against 1,000 and 2,500 took 5.2-5.7 s against 5.4-5.6 and 5.4-5.9 (2.3 s
-against 2.5-2.6 and 2.4-2.8) with less peak memory (378 against 389 and 421 MiB PSS; 218
-against 228 and 261); 250 nodes saved no more memory (374). Measured alone (the measurement
-of every value of the 48.6k-node model, in one process, without a trim after each stage),
-250, 500, 1,000 and 2,000 nodes took 1.94-2.06, 2.04-2.11, 2.23-2.30 and 2.38-2.47 s."""
+session and values stay small, large enough that the per-session overhead does not show
+(larger stages hold more memory at the peak and take no less time; smaller ones save no
+more memory; the measurements are in benchmarks/RESULTS.md)."""
 
 
 @dataclass
@@ -74,7 +68,7 @@ class Stage:
 def plan(graph: onnx.GraphProto, watched: set[str], stage_nodes: int | None = None) -> list[Stage]:
     """The stages that compute ``watched`` (top-level value names) of ``graph``."""
     # each node's fields read once (protobuf access costs more than lists), into tuples: a set
-    # per node took 10 of the 42 MB that planning a 50k-node model peaked at
+    # per node would be a large share of the plan's memory
     nested, reads, outputs = [], [], []
     for node in graph.node:
         inner = _nested_nodes(node)
@@ -216,8 +210,8 @@ def _stage_model(model: onnx.ModelProto, head: bytes, stage: Stage, types: Mappi
 
 
 HANDED_BYTES = 1 << 16
-"""Weights of at least this many bytes reach a stage's session as arrays: serializing a GPT-2
-small's 622 MiB into each stage and parsing them back took 2.6 s of its 5.7 s measurement."""
+"""Weights of at least this many bytes reach a stage's session as arrays: serializing large
+weights into each stage's model and parsing them back would be a large share of the measurement."""
 
 
 HANDED_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE})
@@ -227,11 +221,10 @@ operands from the serialized model, and refuses external ones)."""
 
 def _stage_weight(tensor: onnx.TensorProto, handed: bool, base_dir) -> onnx.TensorProto:
     """A weight as a stage's model holds it: a placeholder for a handed one, with its values for
-    a small external one (ONNX Runtime opens the file for each external tensor: the 50k-node
-    benchmark transformer's 8.6k borrowed weights, ``io.load(borrow=...)``, took its
-    measurement from 4.6-4.9 s to 5.5-5.8), as it is otherwise: a large external one is
-    read by ONNX Runtime into its own buffer (handed, it was held twice while the session was
-    made: GPT-2 small's range check peaked at 902 MiB PSS, 591 read so)."""
+    a small external one (ONNX Runtime opens the file for each external tensor, which for the
+    many small weights that ``io.load(borrow=...)`` leaves in the file costs more than their
+    bytes), as it is otherwise: a large external one is read by ONNX Runtime into its own buffer
+    (handed as an array, it would be held twice while the session is made)."""
     if handed:
         return _placeholder(tensor)
     if tensor.data_location != onnx.TensorProto.EXTERNAL or value_bytes(tensor) >= HANDED_BYTES:
@@ -269,7 +262,7 @@ def _type_of(value) -> onnx.TypeProto:
 
 def _named(names) -> tuple[str, ...]:
     """A node's inputs or outputs but the empty names of omitted ones (copied whole, then
-    filtered where one is empty: a comprehension over the field took twice as long)."""
+    filtered where one is empty: a comprehension over the protobuf field reads it an item at a time)."""
     named = tuple(names)
     return tuple(filter(None, named)) if "" in named else named
 

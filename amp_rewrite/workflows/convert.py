@@ -148,7 +148,7 @@ def _stages(steps: Counter[str]) -> dict[str, float]:
     """The report's breakdown: the steps (loads, passes, saves) grouped as load, analysis,
     range check, rewrite and save."""
     special = {_LOAD: "load", _SAVE: "save", "MeasureRanges": "range check", _SETTLE: "range check",
-               "InsertCasts": "rewrite", "DeclareInferredShapes": "rewrite"}
+               "InsertCasts": "rewrite", "SeparateNormCasts": "rewrite", "DeclareInferredShapes": "rewrite"}
     stages = {"load": 0.0, "analysis": 0.0, "range check": 0.0, "rewrite": 0.0, "save": 0.0}
     for step, seconds in steps.items():
         stages[special.get(step, "analysis")] += seconds
@@ -179,7 +179,7 @@ def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
 def _declare_ir_version(proto: onnx.ModelProto, analysis: Analysis) -> None:
     """The output's IR version: the input's, or ``options.ir_version`` where the model's opsets
     allow it; the report notes where ONNX Runtime ran the model declared at an older one."""
-    asked = analysis.options.ir_version
+    asked = analysis.options.output.ir_version
     if asked is not None and asked != proto.ir_version:
         needed = max(ir_versions.needed_ir_version(proto), 4 if proto.ir_version >= 4 else 3)
         if asked < needed:

@@ -20,7 +20,6 @@ import onnx
 
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
-from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
 from amp_rewrite.numerics.check import (
     DEFAULT_PROVIDER,
@@ -72,13 +71,13 @@ class Validation:
 def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
                       base_dir: str | None) -> tuple[onnx.ModelProto, Analysis, RewriteStats, Validation]:
     """Rounds of conversion (``rewrite`` of a copy, calibrated by the float32 run) until the check passes."""
-    data = samples.resolve(options.validate, proto)
-    if options.calibrate:
-        data += samples.resolve(options.calibrate, proto)
+    checking, calibration = options.validation, options.measurement.calibrate
+    data = samples.resolve(checking.validate, proto)
+    if calibration:
+        data += samples.resolve(calibration, proto)
     watched = instrument.float_values(proto)
     reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched,
-                          thresholds=instrument.Thresholds.of(Precision(options.precision)),
-                          what="float32 model")
+                          thresholds=instrument.Thresholds.of(checking.precision), what="float32 model")
     expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]
     validation = Validation(False, 0, len(data), 1)
@@ -96,15 +95,15 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
             validation.runs += len(data)
             validation.sessions += 1
             validation.outputs = compare_outputs(expected, observed, [o.name for o in mixed.graph.output],
-                                                 options.tolerance, options.tolerances)
+                                                 checking.tolerance, checking.tolerances)
             if all(o.passed for o in validation.outputs):  # the last round: judged as deployed too
                 validation.outputs, validation.deployed, runs = judged_as_deployed(
-                    validation.outputs, runnable, runnable_dir, DEFAULT_PROVIDER, data, expected, options.tolerance,
-                    options.tolerances, (proto, base_dir))
+                    validation.outputs, runnable, runnable_dir, DEFAULT_PROVIDER, data, expected, checking.tolerance,
+                    checking.tolerances, (proto, base_dir))
                 validation.runs += runs
                 validation.sessions += runs // len(data)
         validation.passed = all(o.passed for o in validation.outputs)
-        if validation.passed or validation.rounds >= options.max_rounds or validation.deployed != "not run":
+        if validation.passed or validation.rounds >= checking.max_rounds or validation.deployed != "not run":
             break  # what fails only as deployed, localization on the emulated run cannot blame
         found = blame(validation.outputs, mixed, expected, observed)
         blamed = [s for s in culprits(found.suspects) if s.node not in kept]

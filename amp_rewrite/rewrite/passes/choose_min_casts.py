@@ -11,6 +11,7 @@ from amp_rewrite.rewrite.analysis import OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.min_cut import INFINITE, Edge, min_cut
 from amp_rewrite.rewrite.norms import Use, fused_layer_norm_reads, layer_norms_end_regions
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 CAST_BYTES_PER_ELEMENT = 6
 """A cast between float32 and a 16-bit type reads one and writes the other."""
@@ -19,7 +20,7 @@ Term = int | Color | str
 """A free node id, a fixed color, or OFFLINE."""
 
 
-class ChooseMinCasts:
+class ChooseMinCasts(Pass[Analysis]):
     """Invariant: every free node is colored so that, with all fixed colors given, the
     bytes moved through casts (one cast per value and target type) are minimal; among
     minimal colorings the one with the fewest float32 nodes wins. A connected group of free
@@ -32,22 +33,23 @@ class ChooseMinCasts:
     and one of them remains where they do not.
     """
 
-    def run(self, analysis: Analysis) -> None:
+    def run(self, analysis: Analysis) -> PassResult:
         sizes = ValueSizes(analysis.index, analysis.inferred)
         free = set(analysis.coloring.free_nodes())
         if not free:
-            return
+            return PassResult(False)
         fused = fused_layer_norm_reads(analysis) if layer_norms_end_regions(analysis) else {}
         float32: set[int] = set()
         for nodes, terms in _pulled_groups(analysis, free, fused):
             float32 |= _float32_nodes(sizes, nodes, terms)
-        low = analysis.precision.value
+        low, before = analysis.precision.value, analysis.coloring.changes
         for node_id in free:
             decision = analysis.coloring.decisions[node_id]
             color = Color.FP32 if node_id in float32 else Color.LOW
             where = "float32" if node_id in float32 else low
             analysis.coloring.choose(node_id, color,
                                      f"{decision.op_class}: follows its neighbours into {where} (fewest cast bytes)")
+        return PassResult(analysis.coloring.changes != before)
 
 
 def value_terms(analysis: Analysis, value: Value, free: set[int],

@@ -10,10 +10,11 @@ from amp_rewrite.policy.oplists import ALLOW, DENY, INFER
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.norms import pooled_statistic
-from amp_rewrite.rewrite.options import matches_node
+from amp_rewrite.rewrite.options import ColoringOptions, matches_node
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 
-class ColorByPolicy:
+class ColorByPolicy(Pass[Analysis]):
     """Invariant: every candidate has an op class; user overrides are fixed (USER),
     nodes the provider has no low-precision kernel for, or whose kernel refuses their
     attributes (``REFUSED_ATTRIBUTES``), are fixed float32 (SAFETY),
@@ -23,8 +24,12 @@ class ColorByPolicy:
     norm's mean or mean square (``norms.pooled_statistic``), as the ReduceMean it stands for is.
     """
 
-    def run(self, analysis: Analysis) -> None:
-        options, index, coloring = analysis.options, analysis.index, analysis.coloring
+    def __init__(self, options: ColoringOptions) -> None:
+        self.options = options
+
+    def run(self, analysis: Analysis) -> PassResult:
+        options, index, coloring = self.options, analysis.index, analysis.coloring
+        before = coloring.changes
         table = kernel_table(options.provider) if options.provider else None
         user = any((options.keep_fp32_nodes, options.keep_fp32_ops, options.force_low_nodes, options.force_low_ops))
         precision = analysis.precision.value
@@ -61,8 +66,10 @@ class ColorByPolicy:
         if unknown and options.unknown_ops == "error":
             raise UserError(f"ops not in the precision lists: {', '.join(sorted(unknown))} "
                             "(use --unknown-ops keep or warn, or --keep-fp32-op/--force-low-op)")
+        notes: tuple[str, ...] = ()
         if unknown and options.unknown_ops == "warn":
-            analysis.notes.append(f"warning: ops not in the precision lists kept float32: {', '.join(sorted(unknown))}")
+            notes = (f"warning: ops not in the precision lists kept float32: {', '.join(sorted(unknown))}",)
+        return PassResult(coloring.changes != before, notes)
 
     def _deny_measured_ops_that_deny_ops_read(self, analysis: Analysis) -> None:
         """An op that a measurement made infer (``MEASURED_CLASSES``) and a deny op reads is deny:
@@ -85,7 +92,7 @@ class ColorByPolicy:
                 analysis.deny(node_id, f"a written-out norm's {found}", like="ReduceMean")
 
     def _user(self, analysis: Analysis, node_id: int) -> None:
-        options, node = analysis.options, analysis.index.nodes[node_id]
+        options, node = self.options, analysis.index.nodes[node_id]
         name = node_key(node)
         for patterns, ops, color, flag in (
             (options.keep_fp32_nodes, options.keep_fp32_ops, Color.FP32, "keep-fp32"),

@@ -8,9 +8,10 @@ from amp_rewrite.ir.graph import Node
 from amp_rewrite.ir.schemas import signature
 from amp_rewrite.policy.oplists import CONTROL_FLOW, RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, Analysis, Slots
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 
-class FindCandidates:
+class FindCandidates(Pass[Analysis]):
     """Invariant: ``analysis.slots`` holds exactly the nodes with at least one input or
     output bound to a schema type parameter that is float32 at every slot, admits the
     target type, binds an input (or an attribute fixes it), and is not kept float32 by
@@ -18,7 +19,8 @@ class FindCandidates:
     float32 tensors are counted in ``analysis.unknown_ops``; they keep their types.
     """
 
-    def run(self, analysis: Analysis) -> None:
+    def run(self, analysis: Analysis) -> PassResult:
+        found = len(analysis.slots)
         # Nodes of one op with the same inputs and outputs present share their eligible parameters,
         # and nodes whose slots agree share one Slots: a transformer has a few dozen kinds of node.
         self._eligible: dict[tuple, _Eligible | None] = {}
@@ -30,6 +32,7 @@ class FindCandidates:
             slots = self._slots(analysis, node)
             if slots is not None:
                 analysis.slots[node.id] = slots
+        return PassResult(len(analysis.slots) != found)
 
     def _slots(self, analysis: Analysis, node: Node) -> Slots | None:
         values = analysis.index.values

@@ -16,10 +16,13 @@ from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY, constant_tensor, convert_emb
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE
 from amp_rewrite.rewrite.analysis import FLOAT, OFFLINE, Analysis
 from amp_rewrite.rewrite.coloring import Color
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 
 @dataclass
 class RewriteStats:
+    """What the passes that edit the model did, for the report and for ``io.save``."""
+
     casts: int = 0
     initializers_converted: int = 0
     initializer_copies: int = 0
@@ -30,8 +33,22 @@ class RewriteStats:
     retyped: dict[ValueKey, int] = field(default_factory=dict)
     """The element type of each value whose type the rewrite changed."""
 
+    @property
+    def edits(self) -> int:
+        """How many edits these count: casts, retyped values, converted constants."""
+        return self.casts + len(self.retyped) + self.initializers_converted + self.constants_converted
 
-class InsertCasts:
+
+@dataclass
+class Rewrite:
+    """The context of the passes that edit the model (``InsertCasts`` and those after it): the
+    analysis whose coloring they apply, its index over the model they edit, and what they did."""
+
+    analysis: Analysis
+    stats: RewriteStats = field(default_factory=RewriteStats)
+
+
+class InsertCasts(Pass[Rewrite]):
     """Invariant: every float32 value read in another precision than it is produced in
     goes through exactly one Cast per target type, placed in the value's defining graph
     right after its producer (so readers in subgraphs see it too), never as a chain of
@@ -47,10 +64,12 @@ class InsertCasts:
     def __init__(self, defer: bool = False) -> None:
         self.defer = defer
 
-    def run(self, analysis: Analysis) -> RewriteStats:
-        self.analysis = analysis
+    def run(self, rewrite: Rewrite) -> PassResult:
+        """Apply the coloring; what it did goes to ``rewrite.stats``."""
+        self.analysis = analysis = rewrite.analysis
         self.low = analysis.precision.onnx_type
-        self.stats = RewriteStats()
+        self.stats = stats = rewrite.stats
+        before = stats.edits
         self.edits = PendingInserts()
         index = analysis.index
         # Every name the index knows, undefined outer references included (``Names.of_model`` misses those).
@@ -65,7 +84,7 @@ class InsertCasts:
         self.edits.apply(analysis.index)
         if self.stats.casts and "" not in analysis.index.opsets:
             analysis.index.model.opset_import.add(domain="", version=self.builder.opset)
-        return self.stats
+        return PassResult(stats.edits != before)
 
     # -- per value ---------------------------------------------------------------------------
     def _needs(self, value: Value) -> dict[Color, list[tuple[int, int]]]:

@@ -6,9 +6,10 @@ from amp_rewrite.ir.graph import Value
 from amp_rewrite.policy.oplists import DEQUANTIZE, QUANTIZE, op_key
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 
-class KeepQuantizedUnits:
+class KeepQuantizedUnits(Pass[Analysis]):
     """Invariant: a candidate whose convertible inputs are all made by DequantizeLinear and whose
     convertible outputs are all read by QuantizeLinear alone (no graph output among them) is float32,
     and so are those DequantizeLinear and QuantizeLinear nodes (safety priority: only the user
@@ -19,8 +20,9 @@ class KeepQuantizedUnits:
     read as well is cast for them after the DequantizeLinear.
     """
 
-    def run(self, analysis: Analysis) -> None:
+    def run(self, analysis: Analysis) -> PassResult:
         index, coloring = analysis.index, analysis.coloring
+        before = coloring.changes
         readers = {n for dq in index.nodes if op_key(dq.domain, dq.op_type) in DEQUANTIZE
                    for key in dq.outputs if key is not None for n, _ in index.values[key].uses}
         for node_id in sorted(readers):
@@ -45,6 +47,7 @@ class KeepQuantizedUnits:
             for member in (node_id, *dequantizers, *quantizers):
                 if member in coloring.decisions:
                     coloring.fix(member, Color.FP32, reason, Priority.SAFETY)
+        return PassResult(coloring.changes != before)
 
 
 def _dequantized(analysis: Analysis, value: Value) -> bool:

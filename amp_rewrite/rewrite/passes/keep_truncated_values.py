@@ -6,6 +6,7 @@ from onnx import TensorProto
 
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
                            TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
@@ -15,7 +16,7 @@ PASS_THROUGH = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueez
 """Data movement between the value and its truncation: the value is still the same numbers."""
 
 
-class KeepTruncatedValues:
+class KeepTruncatedValues(Pass[Analysis]):
     """Invariant: the input of every Cast to an integer type, and every Floor, Ceil or Round
     and data movement between it and the node that computes the value, are float32, and so is
     that node (safety priority: only the user overrides it). Float16 rounding of the value
@@ -23,8 +24,9 @@ class KeepTruncatedValues:
     one once the product rounds past a whole number).
     """
 
-    def run(self, analysis: Analysis) -> None:
+    def run(self, analysis: Analysis) -> PassResult:
         index, coloring = analysis.index, analysis.coloring
+        before = coloring.changes
         for node in index.nodes:
             if node.cast_to not in INTEGER_TYPES or not node.inputs or node.inputs[0] is None:
                 continue
@@ -39,3 +41,4 @@ class KeepTruncatedValues:
             for member in chain:
                 if member.id in coloring.decisions:
                     coloring.fix(member.id, Color.FP32, reason, Priority.SAFETY)
+        return PassResult(coloring.changes != before)

@@ -16,7 +16,8 @@ from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
-from amp_rewrite.rewrite.options import ConvertOptions
+from amp_rewrite.rewrite.options import MeasurementOptions
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 from amp_rewrite.runtime import instrument, isolate
 from amp_rewrite.runtime.isolate import Hung, NativeFailure
 
@@ -33,7 +34,7 @@ def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
     return json.loads(next((p.value for p in model.metadata_props if p.key == RECORD_KEY), "") or "{}")
 
 
-class MeasureRanges:
+class MeasureRanges(Pass[Analysis]):
     """Invariant: when values were measured (on calibration data, or on generated
     inputs when the range check runs), no candidate produces or reads in low precision
     a value, in any graph, whose measured magnitude exceeds ``precision max / headroom``
@@ -60,46 +61,54 @@ class MeasureRanges:
     conversion must run again with it.
     """
 
-    @staticmethod
-    def skip_reason(model: onnx.ModelProto, options: ConvertOptions) -> str | None:
-        """Why the range check does not run on ``model`` with ``options``, if it does not: then
-        nothing is to be measured for it."""
-        return _skip_reason(_initializers(model), options, bool(options.calibrate))
+    def __init__(self, options: MeasurementOptions) -> None:
+        self.options = options
 
-    def run(self, analysis: Analysis) -> None:
+    def skip_reason(self, model: onnx.ModelProto) -> str | None:
+        """Why the range check does not run on ``model``, if it does not: then nothing is to be
+        measured for it."""
+        return _skip_reason(_initializers(model), self.options, bool(self.options.calibrate))
+
+    def run(self, analysis: Analysis) -> PassResult:
+        before = analysis.coloring.changes
+        notes = self._judge(analysis)
+        return PassResult(analysis.coloring.changes != before, tuple(notes))
+
+    def _judge(self, analysis: Analysis) -> list[str]:
+        """Keep float32 what the measured ranges rule out; the notes for the report."""
         self._apply_record(analysis)
-        options = analysis.options
+        options = self.options
         calibrated = bool(options.calibrate) or analysis.measured is not None
         # a measurement started only where nothing ruled the check out (and calibrated rules out less)
         skip = (None if analysis.measuring is not None
                 else _skip_reason(analysis.index.initializers.values(), options, calibrated))
         if skip:
             analysis.range_check = f"skipped: {skip}"
-            return
+            return []
         watched = self._watched(analysis)
         if not watched:
             analysis.range_check = "skipped: no value could change precision"
-            return
-        source = _source(analysis, calibrated)
+            return []
+        source = _source(options, calibrated)
         measured: instrument.StatsByKey | None = analysis.measured
         sources = None
+        notes: list[str] = []
         if measured is None:
             sources = {v.key: found for v in watched if (found := _same_elements_source(analysis, v)) != v.key}
             if analysis.speculate and analysis.measuring is not None:
-                analysis.pending = Pending(watched, sources, calibrated, source)
+                analysis.pending = Pending(watched, sources, calibrated, source, options)
                 analysis.range_check = "pending"
-                return
+                return []
             try:
-                measured = _measure(analysis, watched, sources)
+                measured = _measure(analysis, watched, sources, notes)
             except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
                 said = instrument.first_line(exc, limit=200)
                 why = (str(exc) if isinstance(exc, UserError) and not isinstance(exc, NativeFailure)  # data not made
                        else f"onnxruntime could not run the model on {source} ({said})")
                 if source != _GENERATED or options.shapes or options.range_check == "on":
                     raise UserError(f"range check: {why}") from None
-                self._not_measured(analysis, watched, why)
-                return
-        count, verdicts = _judged(analysis, watched, sources, measured, calibrated, source)
+                return self._not_measured(analysis, watched, why)
+        count, verdicts = _judged(analysis, options, watched, sources, measured, calibrated, source)
         for value, reason in verdicts:
             for node_id in _touching(analysis, value):
                 if analysis.coloring.fix(node_id, Color.FP32, reason, Priority.SAFETY):
@@ -107,6 +116,7 @@ class MeasureRanges:
                     if key:
                         analysis.measured_fp32.setdefault(key, reason)
         analysis.range_check = _measured_line(analysis, count, source, len(verdicts))
+        return notes
 
     @staticmethod
     def settle(analysis: Analysis) -> bool:
@@ -121,24 +131,24 @@ class MeasureRanges:
             return False
         if found is None:
             return False
-        count, verdicts = _judged(analysis, pending.watched, pending.sources, found.stats, pending.calibrated,
-                                  pending.source)
+        count, verdicts = _judged(analysis, pending.options, pending.watched, pending.sources, found.stats,
+                                  pending.calibrated, pending.source)
         if verdicts:
             return False
-        _describe(analysis, found.description)
+        analysis.notes.extend(_described(found.description))
         analysis.range_check = _measured_line(analysis, count, pending.source, 0)
         return True
 
-    def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> None:
+    def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> list[str]:
+        """The measured-infer nodes deny again, as without a measurement; the warning to report."""
         for node_id in {v.producer[0] for v in watched if v.producer is not None and _lifted_producer(analysis, v)}:
             analysis.deny(node_id, "the range check measured nothing")
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
         analysis.range_check = f"NOT RUN: {why}"
-        analysis.notes.append(
-            f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
-            f"{analysis.precision.value} were not checked for overflow ({names}{more}). {_advice(analysis)}, "
-            f"or --range-check on to make this an error.")
+        return [f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
+                f"{analysis.precision.value} were not checked for overflow ({names}{more}). {_advice(analysis)}, "
+                f"or --range-check on to make this an error."]
 
     def _apply_record(self, analysis: Analysis) -> None:
         kept = recorded_fp32(analysis.index.model)
@@ -168,7 +178,7 @@ class MeasureRanges:
         return list(seen.values())
 
 
-def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, calibrated: bool) -> str | None:
+def _skip_reason(weights: Iterable[onnx.TensorProto], options: MeasurementOptions, calibrated: bool) -> str | None:
     """Why the range check does not run, if it does not (``weights``: every initializer, read
     only when their size decides)."""
     if options.precision is Precision.BFLOAT16:
@@ -184,13 +194,12 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: ConvertOptions, c
     return None
 
 
-def _judged(analysis: Analysis, watched: list[Value], sources: Mapping[ValueKey, ValueKey] | None,
-            measured: instrument.StatsByKey, calibrated: bool,
+def _judged(analysis: Analysis, options: MeasurementOptions, watched: list[Value],
+            sources: Mapping[ValueKey, ValueKey] | None, measured: instrument.StatsByKey, calibrated: bool,
             source: str) -> tuple[int, list[tuple[Value, str]]]:
     """How many watched values were measured (``sources``: the key each one's statistics are
     under, ``_same_elements_source``, where it is not its own; None: all their own), and those
     that must stay float32, each with the measured reason: one pass over them."""
-    options = analysis.options
     limit = analysis.precision.max / options.headroom
     count, verdicts = 0, []
     for value in watched:
@@ -245,10 +254,12 @@ class Pending:
     watched: list[Value]
     sources: dict[ValueKey, ValueKey]
     """The ``_same_elements_source`` of each watched value whose statistics stand under another's
-    key (the others' stand under their own: a dict of every one held 5 MB at 50k nodes)."""
+    key (the others' stand under their own, which a dict of every watched value would repeat)."""
     calibrated: bool
     source: str
     """What the values are measured on (the report's words)."""
+    options: MeasurementOptions
+    """The thresholds the values are judged by."""
 
 
 def _advice(analysis: Analysis) -> str:
@@ -263,25 +274,28 @@ def _advice(analysis: Analysis) -> str:
     return "Pass inputs the model accepts (--inputs S.npz or --shape NAME:DIMS)"
 
 
-def _measure(analysis: Analysis, watched: list[Value],
-             sources: dict[ValueKey, ValueKey]) -> instrument.StatsByKey:
+def _measure(analysis: Analysis, watched: list[Value], sources: dict[ValueKey, ValueKey],
+             notes: list[str]) -> instrument.StatsByKey:
     """The statistics of the watched values' sources (``sources``: their
     ``_same_elements_source`` where it is another value), by source: from the measurement
-    the pipeline started, or where it failed (or did not start), measured now (``remeasure``)."""
+    the pipeline started, or where it failed (or did not start), measured now (``remeasure``);
+    what it says of the measurement goes to ``notes``."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
         assert analysis.remeasure is not None  # the pipeline gives the analysis one
         found = analysis.remeasure(sorted({sources.get(v.key, v.key) for v in watched}))
-    _describe(analysis, found.description)
+    notes.extend(_described(found.description))
     return found.stats
 
 
-def _describe(analysis: Analysis, description: str) -> None:
+def _described(description: str) -> list[str]:
+    """The report's notes on a measurement: the inputs it ran on, and where it ran."""
+    notes = []
     if description:
-        analysis.notes.append(f"range check on generated inputs: {description}")
+        notes.append(f"range check on generated inputs: {description}")
     if why := isolate.in_process():
-        analysis.notes.append(f"note: the range check ran in this process ({why}); a crash in ONNX Runtime "
-                              f"would have ended it")
+        notes.append(f"note: the range check ran in this process ({why}); a crash in ONNX Runtime would have ended it")
+    return notes
 
 
 def _initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -314,7 +328,7 @@ def _zero_singular_reader(analysis: Analysis, value: Value) -> str | None:
 CALIBRATION_DATA = "calibration data"
 
 
-def _source(analysis: Analysis, calibrated: bool) -> str:
+def _source(options: MeasurementOptions, calibrated: bool) -> str:
     if calibrated:
         return CALIBRATION_DATA
-    return "the given inputs" if analysis.options.inputs else _GENERATED
+    return "the given inputs" if options.inputs else _GENERATED

@@ -6,9 +6,10 @@ from amp_rewrite.policy.oplists import CLEAR, DENY, INFER
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.norms import layer_norms_end_regions, normalizes
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
 
-class PropagateDeny:
+class PropagateDeny(Pass[Analysis]):
     """Invariant: every free infer or clear node that reads, through a chain of infer
     and clear nodes, an output of a float32 deny node, or of a node that reads a
     constant float16 cannot hold (such as an attention mask of -3.4e38), is fixed
@@ -30,8 +31,9 @@ class PropagateDeny:
     one float16 LayerNormalization (``SeparateNormCasts`` keeps the fusion's types consistent).
     """
 
-    def run(self, analysis: Analysis) -> None:
+    def run(self, analysis: Analysis) -> PassResult:
         coloring, index = analysis.coloring, analysis.index
+        before = coloring.changes
         centred = layer_norms_end_regions(analysis)
         roots = [n for n, d in coloring.decisions.items()
                  if d.color is Color.FP32 and (d.op_class == DENY or n in analysis.unfit_readers)]
@@ -49,3 +51,4 @@ class PropagateDeny:
                             coloring.fix(consumer, Color.FP32, reason, Priority.POLICY)
                             if not normalizes(analysis, index.nodes[consumer], centred):
                                 stack.append(consumer)
+        return PassResult(coloring.changes != before)

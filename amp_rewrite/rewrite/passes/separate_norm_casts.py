@@ -12,7 +12,8 @@ from amp_rewrite.ir.builder import Names
 from amp_rewrite.ir.graph import ValueKey
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.analysis import Analysis
-from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
+from amp_rewrite.rewrite.passes.base import Pass, PassResult
+from amp_rewrite.rewrite.passes.insert_casts import Rewrite
 
 MIN_OPSET = 5
 """Reshape reads its target as an input from opset 5."""
@@ -22,7 +23,7 @@ INPUT, OUTPUT = "input", "output"
 scaling and its weight."""
 
 
-class SeparateNormCasts:
+class SeparateNormCasts(Pass[Rewrite]):
     """Invariant: for every decomposed LayerNorm (``mean = ReduceMean(x); d = Sub(x, mean); ...
     n = Div(d, _); y = Add(Mul(n, scale), bias)``), the LayerNormalization that ONNX Runtime's
     LayerNormFusion (on by default, every provider) would make of it reads its input, scale
@@ -47,12 +48,14 @@ class SeparateNormCasts:
       Reshape, and the LayerNorm is not fused.
     """
 
-    def run(self, analysis: Analysis, stats: RewriteStats) -> int:
-        """Separate every such LayerNorm; returns how many. ``stats``: what InsertCasts did (the
-        values it retyped, the top-level initializers that ``io.save`` will convert)."""
+    def run(self, rewrite: Rewrite) -> PassResult:
+        """Separate every such LayerNorm, with a note saying how many. The types are as InsertCasts
+        left them (``rewrite.stats``: the values it retyped, the top-level initializers that
+        ``io.save`` will convert)."""
+        analysis, stats = rewrite.analysis, rewrite.stats
         index = analysis.index
         if index.opsets.get("", 1) < MIN_OPSET:
-            return 0
+            return PassResult(False)
         graphs_with_means = {node.graph for node in index.nodes
                              if node.op_type == "ReduceMean" and node.domain == "" and node.proto.input}
         names: Names | None = None
@@ -71,11 +74,11 @@ class SeparateNormCasts:
                 graph.node.insert(position, helper.make_node("Shape", [name], [shape],
                                                              name=names.fresh(f"{shape}_node")))
                 separated += 1
-        if separated:
-            analysis.notes.append(f"{separated} decomposed LayerNorm(s) read a value through a Reshape that keeps "
-                                  "its shape: ONNX Runtime's LayerNormFusion would otherwise fuse them into a "
-                                  "LayerNormalization of mixed types and refuse the model")
-        return separated
+        if not separated:
+            return PassResult(False)
+        return PassResult(True, (f"{separated} decomposed LayerNorm(s) read a value through a Reshape that keeps "
+                                 "its shape: ONNX Runtime's LayerNormFusion would otherwise fuse them into a "
+                                 "LayerNormalization of mixed types and refuse the model",))
 
 
 def _separations(graph: onnx.GraphProto, type_of: Callable[[str], int | None]
