@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     evaluation = read_data(args.eval) if args.eval else None
     Schedule(args.schedule, args.warmup_steps, 0, args.step_size, args.gamma)  # its errors before the build
     batching = Batching.parse(args.batch_axes, args.fixed)
-    first = _first_batch(train, batching, args.batch_size)
-    step = _built(args, first)
+    step = _built(args, _first_batch(train, batching, args.batch_size))
     if untrained([(c.role, step.initial[c.input]) for c in step.spec.carried if c.role in RUNNING_ROLES]):
         print("amp-rewrite: warning: every BatchNormalization's running statistics hold their initial values "
               "(means 0, variances 1): training replaces them with the data's, which moves the model's inference "

@@ -64,9 +64,14 @@ def _export_locals(ctx: Context, branch: str, b: GraphBuilder, others: list[str]
     if not needed:
         return
     renamed = {}
+    outputs = {o.name for o in bodies[branch].output}
     for name in needed:
         elem_type = ctx.b.types[name]
-        bodies[branch].output.append(helper.make_tensor_value_info(name, elem_type, None))
+        source = name
+        if name in outputs:  # a graph lists an output once: the export is a copy of it
+            source = ctx.b.names.fresh(f"{name}_copy")
+            bodies[branch].node.append(helper.make_node("Identity", [name], [source], name=f"{source}_node"))
+        bodies[branch].output.append(helper.make_tensor_value_info(source, elem_type, None))
         for other in others:
             stand_in = ctx.b.names.fresh(f"{name}_unused")
             empty = numpy_helper.from_array(np.zeros(0, helper.tensor_dtype_to_np_dtype(elem_type)), stand_in)
