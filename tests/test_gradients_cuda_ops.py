@@ -26,10 +26,11 @@ from tests.gradcheck import case_model, with_loss
 
 VERIFIED = frozenset((
     "Abs", "Add", "And", "AveragePool", "Cast", "Concat", "Constant", "ConstantOfShape", "Conv", "ConvTranspose",
-    "Cos", "Div", "Equal", "Exp", "Expand", "Gather", "Gemm", "Greater", "GreaterOrEqual", "Identity", "If", "Less",
-    "LessOrEqual", "Loop", "MatMul", "Max", "Min", "Mul", "Neg", "NonZero", "Pad", "Pow", "Range", "Reciprocal",
-    "ReduceMean", "ReduceSum", "Reshape", "ScatterElements", "ScatterND", "Shape", "Sigmoid", "Sign", "Sin", "Size",
-    "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Transpose", "Unsqueeze", "Where",
+    "Cos", "Div", "Equal", "Exp", "Expand", "Gather", "Gemm", "Greater", "GreaterOrEqual", "Identity", "If",
+    "LayerNormalization", "Less", "LessOrEqual", "Loop", "MatMul", "Max", "Min", "Mul", "Neg", "NonZero", "Pad",
+    "Pow", "Range", "Reciprocal", "ReduceMean", "ReduceSum", "Reshape", "ScatterElements", "ScatterND", "Shape",
+    "Sigmoid", "Sign", "Sin", "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Sum", "Transpose",
+    "Unsqueeze", "Where",
 ))
 """Constant nodes need no kernel: ONNX Runtime turns them into initializers."""
 

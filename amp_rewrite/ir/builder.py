@@ -72,6 +72,8 @@ class GraphBuilder:
         """Shared with child builders: names are unique model-wide, so one map serves every graph."""
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
+        self.made_by: dict[str, onnx.NodeProto] = {}
+        """The node of ``nodes`` that makes each of their outputs."""
         self._constants: dict[tuple, str] = {}
 
     @classmethod
@@ -102,6 +104,7 @@ class GraphBuilder:
         if domain:
             node.domain = domain
         self.nodes.append(node)
+        self.made_by.update((out, node) for out in names)
         implied = output_types(node, self.opset, [self.types.get(i) if i else None for i in inputs])
         for out, elem_type in zip(names, implied):
             if elem_type is not None:

@@ -3,10 +3,17 @@
 A BatchNormalization node becomes standard ops (as PyTorch's train mode computes it):
 the batch mean and biased variance over every axis but the channel normalise the
 input, and the running statistics move towards the batch's (the variance's unbiased
-estimate, as PyTorch keeps it) with the node's momentum. Reductions are ops like any
-other, so the mixed-precision policy keeps them float32 and the gradient needs no
-BatchNormalization rule. The running statistics become carried state: graph inputs
-and outputs of the step. Dropout nodes get ``training_mode`` true.
+estimate, as PyTorch keeps it) with the node's momentum. ``batch_statistics`` holds the
+two formulations of the normalisation and the choice between them (``FORMULATION``, data):
+``decomposed`` (the default: reductions and elementwise ops, which the mixed-precision
+policy keeps float32 over the whole activation) and ``layer-norm`` (where the opset has
+LayerNormalization and the input spatial axes: per-(n, c) statistics from
+LayerNormalization, combined per channel, applied by an inference-mode
+BatchNormalization; where the rewrite makes the activation float16, float32 holds only the
+[N, C] and [C] statistics, never a tensor shaped like the activation, forward or backward).
+Either way the gradient comes from the ops' own rules. The running statistics become
+carried state: graph inputs and outputs of the step. Dropout nodes get ``training_mode``
+true.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.sizes import ValueSizes
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.ir.types import typed_index
+from amp_rewrite.training import batch_statistics
 
 RUNNING_ROLES = ("running_mean", "running_var")
 """The roles (``Carried.role``) of the running statistics."""
@@ -78,25 +86,18 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
             raise UserError(f"BatchNormalization {node.label!r}: the rank of its input is unknown")
         attrs = {a.name: helper.get_attribute_value(a) for a in proto_node.attribute}
         eps, momentum = attrs.get("epsilon", 1e-5), attrs.get("momentum", 0.9)
-        axes = [0, *range(2, len(shape))]
-        channel = [1, -1] + [1] * (len(shape) - 2)  # per-channel values broadcast over the input
         step = b.child()
-        batch_mean = step.axes_op("ReduceMean", x, axes, keepdims=1)
-        centred = step.op("Sub", x, batch_mean)
-        batch_var = step.axes_op("ReduceMean", step.op("Mul", centred, centred), axes, keepdims=1)
-        std = step.op("Sqrt", step.op("Add", batch_var, step.const(eps, like=x)))
-        # gamma / std per channel, then one product over the activation (not a division and a product)
-        gain = step.op("Div", step.op("Reshape", scale, step.ints(channel)), std)
-        shift = step.op("Reshape", bias, step.ints(channel))
-        step.op("Add", step.op("Mul", centred, gain), shift, outputs=[proto_node.output[0]])
-        count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)), to=b.types[x])
-        unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=x))))
+        batch_mean, batch_var = batch_statistics.normalised(step, x, scale, bias, proto_node.output[0], eps, len(shape))
+        count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)),
+                        to=b.types[batch_var])
+        unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=count))))
         for stat, batch_value, role in ((mean, batch_mean, "running_mean"), (var, unbiased, "running_var")):
             flat = step.op("Reshape", batch_value, step.ints([-1]))
             moved = step.op("Add", step.op("Mul", stat, step.const(momentum, like=stat)),
                             step.op("Mul", flat, step.const(1 - momentum, like=stat)))
             stats.append(RunningStat(stat, moved, role, read_array(tensors[stat], None).astype(np.float32)))
         replaced[node.position] = step.nodes
+        proto.graph.value_info.extend(batch_statistics.declarations(step.nodes))
     if replaced or dropped:
         nodes = [new for at, old in enumerate(proto.graph.node) for new in replaced.get(at, [old])
                  if not (new.op_type == "Identity" and new.output[0] in dropped)]

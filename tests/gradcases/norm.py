@@ -57,6 +57,9 @@ CASES = [
     Case("BatchNormalization", _bn(normal(4, 3)), constant=("mean", "var"), id="inference-2d"),
     Case("BatchNormalization", _bn(normal(2, 3, 2, 2)), {"epsilon": 1e-3}, constant=("mean", "var"),
          id="inference-4d"),
+    # a training step computes the statistics from the batch: they are differentiated too
+    Case("BatchNormalization", _bn(normal(4, 3)), id="inference-2d-statistics"),
+    Case("BatchNormalization", _bn(normal(2, 3, 2, 2)), {"epsilon": 1e-3}, id="inference-4d-statistics"),
     Case("BatchNormalization", _bn(normal(4, 3)), {"training_mode": 1}, constant=("mean", "var"),
          n_outputs=3, opset=15, id="training-2d"),
     Case("BatchNormalization", _bn(normal(2, 3, 2, 2)), {"training_mode": 1, "momentum": 0.8},

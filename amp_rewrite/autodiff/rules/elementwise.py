@@ -212,9 +212,14 @@ def _where(ctx: Context):
 @register("CastLike", constant=(1,))
 def _cast(ctx: Context):
     """The gradient returns to the input's type: a float32 weight read through a Cast to
-    float16 gets a float32 gradient."""
-    x = ctx.I(0)
-    return {0: ctx.b.op("Cast", ctx.GO(0), to=ctx.b.types[x])}
+    float16 gets a float32 gradient. Where a rule computed that gradient in the input's type
+    and cast it for the Cast's output, the uncast value is the gradient (no round trip through
+    float16, which a batch-wide per-channel sum times the loss scale would overflow)."""
+    x, g, b = ctx.I(0), ctx.GO(0), ctx.b
+    made = b.made_by.get(g) if g else None
+    if made is not None and made.op_type == "Cast" and b.types.get(made.input[0]) == b.types[x]:
+        return {0: made.input[0]}
+    return {0: b.op("Cast", g, to=b.types[x])}
 
 
 no_gradient("Floor", "Ceil", "Round", "Sign", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "EyeLike",

@@ -8,16 +8,21 @@ constants. The normalisations share :class:`Normalised`: the statistics of
 ``I(0)`` over the normalised axes, recomputed in the forward's element type
 (the precision policy chooses that type; no rule casts to float32), and the one
 backward ``dx = inv_std * (g_hat - mean(g_hat) - x_hat * mean(g_hat * x_hat))``
-with ``g_hat = GO(0) * scale``. Statistics passed in as inputs (BatchNormalization's
-running mean and variance) are constants; the running statistics that training-mode
-BatchNormalization outputs are buffers and carry no gradient. Dropout's
+with ``g_hat = GO(0) * scale``. Inference-mode BatchNormalization differentiates
+every input, its mean and variance too (a training step computes them from the batch:
+``training.batch_statistics``), and LayerNormalization its Mean and InvStdDev outputs;
+the running statistics that training-mode BatchNormalization reads and outputs are
+buffers and carry no gradient. BatchNormalization's per-channel sums over a 16-bit
+input are LayerNormalization means, accumulated in float32 (``_channel_sums``). Dropout's
 training-mode gradient reads the node's own mask output, which the rule adds to
-the forward node when the model did not ask for it.
+the forward node when the model did not ask for it (LayerNormalization's rule adds the
+Mean output so).
 
 Emitted ops: Add, Sub, Mul, Div, Neg, Sqrt, Exp, Where, Equal, ReduceSum,
 ReduceMean, Softmax (only when a loss's log-probabilities are not an output),
 Gather, ScatterElements, Unsqueeze, Reshape, Expand, Shape, Size, ConstantOfShape,
-Cast (only between the types of two operands). All have CUDA kernels for float16,
+LayerNormalization (opset 17 on, statistics in float32), Cast (between the types of
+two operands, or a count to the statistics' type). All have CUDA kernels for float16,
 float32 and bfloat16 (Equal on the integer labels only).
 """
 
@@ -26,9 +31,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from onnx import TensorProto
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
-from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.context import Context, total
 from amp_rewrite.autodiff.registry import register
 
 
@@ -177,39 +183,82 @@ def _negative_log_likelihood(ctx: Context):
 
 
 # -- normalisation ----------------------------------------------------------------------------------
-@register("BatchNormalization", since=14, constant=(3, 4))
+@register("BatchNormalization", since=14)
 def _batch_norm(ctx: Context):
-    """Inference (``training_mode`` 0): an affine map with the running statistics as constants.
-    Training: normalised by the batch statistics over N and the spatial axes; the running
-    statistics it outputs are buffers (no gradient flows from them)."""
+    """Inference (``training_mode`` 0): ``y = scale * (x - mean) * r + B`` with ``r = 1/sqrt(var +
+    epsilon)`` per channel, each input differentiated (the mean and variance are constants of a
+    trained model, but a training step computes them from the batch). Training: normalised by the
+    batch statistics over N and the spatial axes; the running statistics it reads and outputs are
+    buffers (no gradient flows through them)."""
     b, x, scale, g = ctx.b, ctx.I(0), ctx.I(1), ctx.GO(0)
     if g is None:
         return {}
     rank = _rank(ctx, x)
     axes = [0, *range(2, rank)]
     epsilon = ctx.attr("epsilon", 1e-5)
-    grads = {}
-    if ctx.wants(2):
-        grads[2] = _like(ctx, b.reduce_sum(g, axes, keepdims=0), ctx.I(2))
-    if not (ctx.wants(0) or ctx.wants(1)):
-        return grads
     if ctx.attr("training_mode", 0):
-        norm = Normalised(ctx, x, axes, epsilon)
-        x_hat = norm.x_hat
-        if ctx.wants(0):
-            grads[0] = norm.backward(b.op("Mul", g, _per_channel(ctx, _like(ctx, scale, x), rank)))
-    else:
-        var = _like(ctx, ctx.I(4), x)
-        inv_std = b.op("Div", b.const(1.0, like=x), b.op("Sqrt", b.op("Add", var, b.const(epsilon, like=x))))
-        if ctx.wants(0):
-            factor = b.op("Mul", _like(ctx, scale, x), inv_std)
-            grads[0] = b.op("Mul", g, _per_channel(ctx, factor, rank))
+        grads = {2: _like(ctx, b.reduce_sum(g, axes, keepdims=0), ctx.I(2))} if ctx.wants(2) else {}
+        if ctx.wants(0) or ctx.wants(1):
+            norm = Normalised(ctx, x, axes, epsilon)
+            if ctx.wants(0):
+                grads[0] = norm.backward(b.op("Mul", g, _per_channel(ctx, _like(ctx, scale, x), rank)))
+            if ctx.wants(1):
+                grads[1] = _like(ctx, b.reduce_sum(b.op("Mul", g, norm.x_hat), axes, keepdims=0), scale)
+        return grads
+    return _inference_batch_norm(ctx, g, rank, epsilon)
+
+
+def _inference_batch_norm(ctx: Context, g: str, rank: int, epsilon: float) -> dict[int, str]:
+    """The affine map's gradients: ``dx = g * scale * r``; ``dB = sum(g)``; ``dscale = sum(g * x_hat)``;
+    ``dmean = -scale * r * sum(g)``; ``dvar = -scale * r^2 / 2 * sum(g * x_hat)``, the sums
+    (``_channel_sums``) over N and the spatial axes."""
+    b, x, scale = ctx.b, ctx.I(0), ctx.I(1)
+    inv_std = b.op("Div", b.const(1.0, like=x),
+                   b.op("Sqrt", b.op("Add", _like(ctx, ctx.I(4), x), b.const(epsilon, like=x))))
+    factor = b.op("Mul", _like(ctx, scale, x), inv_std)
+    grads = {}
+    if ctx.wants(0):
+        grads[0] = b.op("Mul", g, _per_channel(ctx, factor, rank))
+    if ctx.wants(2) or ctx.wants(3):
+        sum_g = _channel_sums(ctx, g, rank)
+        if ctx.wants(2):
+            grads[2] = _like(ctx, sum_g, ctx.I(2))
+        if ctx.wants(3):
+            grads[3] = _like(ctx, b.op("Neg", b.op("Mul", sum_g, _like(ctx, factor, sum_g))), ctx.I(3))
+    if ctx.wants(1) or ctx.wants(4):
+        centred = b.op("Sub", x, _per_channel(ctx, _like(ctx, ctx.I(3), x), rank))
+        sum_gx = _channel_sums(ctx, b.op("Mul", g, b.op("Mul", centred, _per_channel(ctx, inv_std, rank))), rank)
         if ctx.wants(1):
-            centred = b.op("Sub", x, _per_channel(ctx, _like(ctx, ctx.I(3), x), rank))
-            x_hat = b.op("Mul", centred, _per_channel(ctx, inv_std, rank))
-    if ctx.wants(1):
-        grads[1] = _like(ctx, b.reduce_sum(b.op("Mul", g, x_hat), axes, keepdims=0), scale)
+            grads[1] = _like(ctx, sum_gx, scale)
+        if ctx.wants(4):
+            slope = b.op("Mul", _like(ctx, factor, sum_gx), _like(ctx, inv_std, sum_gx))
+            grads[4] = _like(ctx, b.op("Mul", sum_gx, b.op("Mul", slope, b.const(-0.5, like=sum_gx))), ctx.I(4))
     return grads
+
+
+def _channel_sums(ctx: Context, t: str, rank: int) -> str:
+    """Sums of ``t`` ([N, C, ...]) over N and the spatial axes, [C]. Where ``t`` is a 16-bit float,
+    has spatial axes and the opset has LayerNormalization, they are taken in float32: each (n, c)'s
+    mean is LayerNormalization's Mean output over the spatial axes (float32; its kernels
+    accumulate in float), times the spatial extent, summed over N. A 16-bit ReduceSum would hold
+    the sum in 16 bits (past 65504 it overflows; CUDA's also rounds a mean's float32 sum to 16 bits
+    before dividing). Elsewhere a ReduceSum in ``t``'s type."""
+    b = ctx.b
+    axes = [0, *range(2, rank)]
+    if rank < 3 or ctx.opset < 17 or not _narrow(ctx, t):
+        return b.reduce_sum(t, axes, keepdims=0)
+    ones = b.op("ConstantOfShape", b.op("Shape", t, start=2),
+                value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(b.types[t]))))
+    _, row_means = b.ops("LayerNormalization", t, ones, outputs=2, axis=2, stash_type=1)
+    b.types[row_means] = TensorProto.FLOAT  # stash_type 1
+    extent = b.op("Cast", b.op("Div", b.op("Size", t), b.op("Size", row_means)), to=b.types[row_means])
+    return b.op("Mul", b.reduce_sum(row_means, axes, keepdims=0), extent)
+
+
+def _narrow(ctx: Context, t: str) -> bool:
+    """Whether ``t``'s element type is narrower than float32 (float16, bfloat16)."""
+    elem = ctx.b.types.get(t)
+    return elem is not None and np.dtype(helper.tensor_dtype_to_np_dtype(elem)).itemsize < 4
 
 
 @register("InstanceNormalization", since=6)
@@ -237,20 +286,67 @@ def _per_channel_affine(ctx: Context, g: str, x_hat: str, axes: list[int]) -> di
 @register("LayerNormalization", since=17)
 def _layer_norm(ctx: Context):
     """Normalised over ``axis`` and every axis after it; Scale and B broadcast against the
-    normalised shape. The Mean and InvStdDev outputs are not differentiated: a loss that reads
-    them is refused rather than given a wrong gradient."""
-    b, x, scale, y, g = ctx.b, ctx.I(0), ctx.I(1), ctx.O(0), ctx.go_or_zeros(0)
-    if ctx.GO(1) is not None or ctx.GO(2) is not None:
-        raise ctx.error("only its output Y is differentiated, not Mean or InvStdDev")
-    norm = Normalised(ctx, x, _trailing_axes(ctx, x, ctx.attr("axis", -1)), ctx.attr("epsilon", 1e-5))
-    grads = {}
-    if ctx.wants(0):
-        grads[0] = norm.backward(b.op("Mul", g, scale))
-    if ctx.wants(1):
-        grads[1] = ctx.unbroadcast(b.op("Mul", g, norm.x_hat), scale, y)
-    if ctx.wants(2):
-        grads[2] = ctx.unbroadcast(g, ctx.I(2), y)
+    normalised shape. The Mean and InvStdDev outputs (``_through_statistics``) pass their
+    gradients to X alone."""
+    b, x, scale, y, g = ctx.b, ctx.I(0), ctx.I(1), ctx.O(0), ctx.GO(0)
+    axes = _trailing_axes(ctx, x, ctx.attr("axis", -1))
+    epsilon = ctx.attr("epsilon", 1e-5)
+    grads, parts = {}, []
+    if g is not None:
+        norm = Normalised(ctx, x, axes, epsilon)
+        if ctx.wants(0):
+            parts.append(norm.backward(b.op("Mul", g, scale)))
+        if ctx.wants(1):
+            grads[1] = ctx.unbroadcast(b.op("Mul", g, norm.x_hat), scale, y)
+        if ctx.wants(2):
+            grads[2] = ctx.unbroadcast(g, ctx.I(2), y)
+    if ctx.wants(0) and (ctx.GO(1) is not None or ctx.GO(2) is not None):
+        parts.append(_through_statistics(ctx))
+    if parts:
+        grads[0] = total(b, parts)
     return grads
+
+
+def _through_statistics(ctx: Context) -> str:
+    """dL/dX from the Mean (``m``) and InvStdDev (``s = 1/sqrt(var + epsilon)``) outputs, over the
+    D normalised elements of each row: ``dm/dx = 1/D`` and ``ds/dx = -s^3 (x - m) / D``, so
+    ``dx = a + c * (x - m)`` with ``a = GO(1) / D`` and ``c = -GO(2) s^3 / D``. The per-row
+    coefficients are computed in the statistics' type (``stash_type``) and cast to X's: every
+    tensor shaped like X keeps X's type."""
+    b, x = ctx.b, ctx.I(0)
+    stats = _statistics_type(ctx)
+    count = b.op("Cast", b.op("Div", b.op("Size", x), b.op("Size", ctx.O(1) or ctx.O(2))), to=stats)
+    grad = None
+    if (g_inv_std := ctx.GO(2)) is not None:
+        inv_std = ctx.O(2)
+        cube = b.op("Mul", inv_std, b.op("Mul", inv_std, inv_std))
+        slope = b.op("Div", b.op("Mul", g_inv_std, cube), b.op("Neg", count))
+        grad = b.op("Mul", b.op("Sub", x, _like(ctx, _row_means(ctx, stats), x)), _like(ctx, slope, x))
+    if (g_mean := ctx.GO(1)) is not None:
+        shift = _like(ctx, b.op("Div", g_mean, count), x)
+        grad = b.op("Add", grad, shift) if grad is not None else b.op("Expand", shift, ctx.shape_value(x))
+    assert grad is not None  # the caller found a gradient at Mean or InvStdDev
+    return grad
+
+
+def _statistics_type(ctx: Context) -> int:
+    """The element type of the Mean and InvStdDev outputs: their ``stash_type`` (float32 by default)."""
+    stats = ctx.attr("stash_type", TensorProto.FLOAT)
+    for output in (ctx.O(1), ctx.O(2)):
+        if output:
+            ctx.b.types.setdefault(output, stats)
+    return stats
+
+
+def _row_means(ctx: Context, stats: int) -> str:
+    """The node's Mean output; one is added to the forward node where it has none (the kernel's
+    own statistic, where a ReduceMean in X's type could overflow)."""
+    if ctx.O(1):
+        return ctx.O(1)
+    name = ctx.b.names.fresh(f"{ctx.node.output[0]}_mean")
+    ctx.node.output[1] = name  # InvStdDev, output 2, is there
+    ctx.b.types[name] = stats
+    return name
 
 
 def _group_norm(per_channel: bool):
