@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 from amp_rewrite import convert
 from amp_rewrite.inputs import samples
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import expose
 from amp_rewrite.runtime.emulate import emulated
 from models.fuzz import CRASHES, load_failure, range_check_ran, run
 from models.fuzzgraphs import Example, examples
@@ -36,9 +36,9 @@ fuzz_settings = settings(derandomize=not RANDOM, max_examples=EXAMPLES, deadline
 
 def with_exact_sigmoid(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each Sigmoid computed exactly, as the range check measures it
-    (``instrument.exact_sigmoid``: ONNX Runtime's CPU Sigmoid is noise below about 1e-7)."""
+    (``expose.exact_sigmoid``: ONNX Runtime's CPU Sigmoid is noise below about 1e-7)."""
     model = copy.deepcopy(model)
-    instrument.exact_sigmoid(model)
+    expose.exact_sigmoid(model)
     return model
 
 

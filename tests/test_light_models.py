@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 from amp_rewrite import convert
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import expose, instrument
 from models.light import LIGHT, feed, randomize_weights, with_batch
 from tests.node_suite import evaluate
 
@@ -47,8 +47,8 @@ def _compare(original: onnx.ModelProto, mixed: onnx.ModelProto) -> tuple[float, 
     feeds = feed(original)
     names = _compared(original)
     keys = [(0, name) for name in names]
-    wanted = instrument.run(instrument.session(instrument.expose(original, keys).model), feeds, names)
-    exposed = instrument.expose(mixed, keys).model
+    wanted = instrument.run(instrument.session(expose.expose(original, keys).model), feeds, names)
+    exposed = expose.expose(mixed, keys).model
     computed = dict(zip((o.name for o in exposed.graph.output), evaluate(exposed, feeds, accumulate=True)))
     wants, gots = ([np.asarray(values[n], np.float64) for n in names] for values in (wanted, computed))
     new_nonfinite = any(bool((~np.isfinite(g) & np.isfinite(w)).any()) for g, w in zip(gots, wants))

@@ -7,21 +7,21 @@ import onnx
 import pytest
 
 from amp_rewrite.inputs import samples
-from amp_rewrite.runtime import instrument, stages
+from amp_rewrite.runtime import expose, instrument, stages
 from models.builders import control_flow, transformer
 from tests.helpers import model
 
-THRESHOLD = instrument.Thresholds(3e-8, 6e-5)
+THRESHOLD = expose.Thresholds(3e-8, 6e-5)
 
 
 def _at_once(m: onnx.ModelProto, keys, data) -> dict:
-    exposed = instrument.expose(m, keys, THRESHOLD)
+    exposed = expose.expose(m, keys, THRESHOLD)
     session = instrument.session(exposed.model)
-    return instrument.merge(instrument.measure(exposed, instrument.run(session, s), THRESHOLD) for s in data)
+    return expose.merge(expose.measure(exposed, instrument.run(session, s), THRESHOLD) for s in data)
 
 
 def _staged(m: onnx.ModelProto, keys, data) -> dict:
-    lifted = instrument.lift_nested(m, keys, THRESHOLD)
+    lifted = expose.lift_nested(m, keys, THRESHOLD)
     top = {name: (graph, name) for graph, name in keys if graph == 0}
     return stages.measure(lifted.model, top, lifted.stats, data, THRESHOLD, None, lambda text: None)
 
@@ -36,7 +36,7 @@ def test_staged_statistics_equal_one_session_exposing_everything(build, stage_no
     m = build()
     monkeypatch.setattr(stages, "STAGE_NODES", stage_nodes)
     monkeypatch.setattr(stages, "HANDED_BYTES", handed)
-    keys = instrument.float_values(m)
+    keys = expose.float_values(m)
     data = samples.generate(m, 2, seed=3)
     staged = _staged(m, keys, data)
     assert staged == _at_once(m, keys, data)
@@ -56,7 +56,7 @@ def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkey
     monkeypatch.setattr(stages, "HANDED_BYTES", handed)
     lent = io.load(path, borrow=io.EXTERNAL_THRESHOLD)
     assert sum(t.data_location == onnx.TensorProto.EXTERNAL for t in lent.graph.initializer) > 10
-    keys = instrument.float_values(lent)
+    keys = expose.float_values(lent)
     top = {name: (0, name) for _, name in keys}
     data = samples.generate(lent, 2, seed=3)
     measured = stages.measure(lent, top, {}, data, THRESHOLD, str(tmp_path), lambda text: None, threads=1)
@@ -65,11 +65,11 @@ def test_borrowed_weights_are_measured_as_embedded_ones(handed, tmp_path, monkey
 
 def test_lifting_every_nested_value_lifts_the_nested_float_values() -> None:
     m = control_flow()
-    every = instrument.lift_nested(m, None, THRESHOLD)
-    named = instrument.lift_nested(m, [k for k in instrument.float_values(m) if k[0]], THRESHOLD)
+    every = expose.lift_nested(m, None, THRESHOLD)
+    named = expose.lift_nested(m, [k for k in expose.float_values(m) if k[0]], THRESHOLD)
     assert every.stats and sorted(every.stats.values()) == sorted(named.stats.values())
     plain = transformer(blocks=1)
-    assert instrument.lift_nested(plain, None, THRESHOLD).stats == {}
+    assert expose.lift_nested(plain, None, THRESHOLD).stats == {}
 
 
 def test_named_values_that_are_not_float_tensors_are_passed_over() -> None:
@@ -82,7 +82,7 @@ def test_named_values_that_are_not_float_tensors_are_passed_over() -> None:
     data = samples.generate(m, 2, seed=3)
     measured = stages.measure(m, every, {}, data, THRESHOLD, None, lambda text: None, threads=1)
     assert set(measured) == {(0, "r"), (0, "y")}
-    assert measured == _at_once(m, instrument.float_values(m), data)
+    assert measured == _at_once(m, expose.float_values(m), data)
 
 
 def test_only_the_nodes_the_watched_values_need_run_and_sequences_cross_stages() -> None:
@@ -133,9 +133,9 @@ def test_packed_statistics_cross_a_pickle_and_read_as_the_dict_they_pack() -> No
     import pickle
 
     m = control_flow()
-    keys = instrument.float_values(m)
+    keys = expose.float_values(m)
     stats = _staged(m, keys, samples.generate(m, 2, seed=3))
-    packed = pickle.loads(pickle.dumps(instrument.PackedStats(stats)))
+    packed = pickle.loads(pickle.dumps(expose.PackedStats(stats)))
     assert len(packed) == len(stats) > 0
     for key, value in stats.items():
         got = packed.get(key)
@@ -163,10 +163,10 @@ def test_a_nested_value_measured_in_the_graph_counts_only_its_finite_elements() 
          helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    keys = [k for k in instrument.float_values(m) if k[0]]
+    keys = [k for k in expose.float_values(m) if k[0]]
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3
     data = [{"x": x, "keep": x > 0, "flag": np.array(True)}]
     staged = _staged(m, keys, data)
     assert staged == _at_once(m, keys, data)
     assert staged[next(k for k in keys if k[1] == "masked")].max_abs == 4.0
-    assert staged[next(k for k in keys if k[1] == "minus_inf")] == instrument.ValueStats(0.0, 0, 0, 0)
+    assert staged[next(k for k in keys if k[1] == "minus_inf")] == expose.ValueStats(0.0, 0, 0, 0)

@@ -30,7 +30,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import MIN_GROWTH, Suspect, localize
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import expose, instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
 
@@ -165,7 +165,7 @@ class Runs:
 
 
 def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
-              emulate: bool = False, watch: Sequence = (), thresholds: instrument.Thresholds | None = None,
+              emulate: bool = False, watch: Sequence = (), thresholds: expose.Thresholds | None = None,
               what: str = "model", optimize: str = "none") -> Runs:
     """Run ``model`` (emulated: with low-precision storage rounding) on every sample in one
     session (with ONNX Runtime's graph optimizations at ``optimize``, none by default), in a
@@ -174,13 +174,13 @@ def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data:
 
     def work(progress) -> Runs:
         runnable = emulated(model) if emulate else model
-        exposed = instrument.expose(runnable, watch, thresholds)
+        exposed = expose.expose(runnable, watch, thresholds)
         with instrument.refusals(f"the {what}", provider):
             progress(f"creating the {what}'s session on {provider}")
             session = instrument.session(exposed.model, base_dir, provider, optimize=optimize)
             progress(f"running the {what} on {provider}")
             results = [instrument.run(session, sample) for sample in data]
-        measured = (instrument.merge(instrument.measure(exposed, r, thresholds) for r in results)
+        measured = (expose.merge(expose.measure(exposed, r, thresholds) for r in results)
                     if thresholds else {})
         return Runs(results, measured)
 
@@ -201,7 +201,7 @@ def check(original, mixed, inputs: Sequence = (), random: int | None = None,
     mixed, mixed_dir = load_model(mixed)
     given = samples.resolve(inputs, original)
     emulate = provider not in LOW_PRECISION_PROVIDERS if emulate is None else emulate
-    watch = instrument.float_values(original, top_level=True) if localize_failures else ()
+    watch = expose.float_values(original, top_level=True) if localize_failures else ()
 
     def reference(generated: list[Sample]) -> tuple[list[Sample], list[dict]]:
         data = given + generated

@@ -57,7 +57,7 @@ class Analysis:
     """Seconds by pipeline step (the index, each pass), as ``analyze`` and ``rewrite`` timed them."""
     measured_fp32: dict[str, str] = field(default_factory=dict)
     measured: dict | None = None
-    """Value statistics measured ahead (``instrument.ValueStats`` by value key); MeasureRanges
+    """Value statistics measured ahead (``expose.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
     measuring: Measurement | None = None
     """The range check's measurement, started before the analysis (``pipeline.start_measuring``);

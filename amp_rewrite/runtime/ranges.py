@@ -25,7 +25,7 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
-from amp_rewrite.runtime import instrument, isolate, stages
+from amp_rewrite.runtime import expose, instrument, isolate, stages
 from amp_rewrite.runtime.isolate import Hung, Progress, Stalled, Started
 
 PORTABLE_NODES = 2000
@@ -39,7 +39,7 @@ class Table(NamedTuple):
     the statistics of each measured value by key."""
 
     description: str
-    stats: instrument.StatsByKey
+    stats: expose.StatsByKey
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Measurement:
 
 
 def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey] | None,
-          threads: int = 0) -> Callable[[Progress], tuple[str, instrument.PackedStats]]:
+          threads: int = 0) -> Callable[[Progress], tuple[str, expose.PackedStats]]:
     """The measurement of ``keys`` (None: every float value) on ``source``, for a child process:
     (what extents generated inputs took, statistics by value key). The data are drawn here,
     before any session: data that cannot be made is the error to report."""
@@ -112,24 +112,24 @@ def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey]
     candidates = (iter([samples.Attempt("", given)]) if given
                   else samples.attempts(model, source.shapes, source.seed, implied_first=False))
     first = next(candidates)
-    thresholds = instrument.Thresholds.of(source.precision)
+    thresholds = expose.Thresholds.of(source.precision)
     top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
 
-    def work(progress: Progress) -> tuple[str, instrument.PackedStats]:
+    def work(progress: Progress) -> tuple[str, expose.PackedStats]:
         # a copy where the work runs in this process: the Sigmoids are made exact in place
-        lifted = instrument.lift_nested(instrument.runnable(model), keys, thresholds,
+        lifted = expose.lift_nested(instrument.runnable(model), keys, thresholds,
                                         copy=bool(isolate.in_process()))
-        instrument.exact_sigmoid(lifted.model)
+        expose.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
-            lambda data: instrument.PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
+            lambda data: expose.PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
                                                                base_dir, progress, threads)))
 
     return work
 
 
 def _measure_every_value(model: onnx.ModelProto, source: Source, base_dir,
-                         progress: Progress) -> tuple[str, instrument.PackedStats]:
+                         progress: Progress) -> tuple[str, expose.PackedStats]:
     """``start``'s work (a function of its arguments alone, so that it pickles to the worker)."""
     return _work(model, source, base_dir, None, threads=1)(progress)
 

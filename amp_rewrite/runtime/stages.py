@@ -35,7 +35,7 @@ from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.ir.io import length_delimited
 from amp_rewrite.ir.tensors import read_array, value_bytes
 from amp_rewrite.runtime import instrument
-from amp_rewrite.runtime.instrument import Thresholds, ValueStats
+from amp_rewrite.runtime.expose import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import Progress, caller_waits
 
 STAGE_NODES = 500
@@ -121,7 +121,7 @@ def measure(model: onnx.ModelProto, top: Mapping[str, ValueKey], stats: Mapping[
             data: Sequence[Sample], thresholds: Thresholds, base_dir: str | os.PathLike | None,
             progress: Progress, threads: int = 0) -> dict[ValueKey, ValueStats]:
     """Statistics of the ``top`` values (output name -> value; those that are not float32
-    tensors are passed over) and of the statistics rows that ``instrument.lift_nested``
+    tensors are passed over) and of the statistics rows that ``expose.lift_nested``
     carried out (``stats``), over every sample of ``data``. ``threads``: ONNX Runtime's
     intra-op threads (0: one per core; 1 when something else runs beside), one per core for
     the stages that start once the caller of a child measuring only waits (``caller_waits``)."""

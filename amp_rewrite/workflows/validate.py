@@ -35,7 +35,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.pipeline import rewrite
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import expose
 
 
 @dataclass
@@ -75,9 +75,9 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
     data = samples.resolve(checking.validate, proto)
     if calibration:
         data += samples.resolve(calibration, proto)
-    watched = instrument.float_values(proto)
+    watched = expose.float_values(proto)
     reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched,
-                          thresholds=instrument.Thresholds.of(checking.precision), what="float32 model")
+                          thresholds=expose.Thresholds.of(checking.precision), what="float32 model")
     expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]
     validation = Validation(False, 0, len(data), 1)

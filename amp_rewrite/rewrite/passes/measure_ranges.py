@@ -18,7 +18,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.options import MeasurementOptions
 from amp_rewrite.rewrite.passes.base import Pass, PassResult
-from amp_rewrite.runtime import instrument, isolate
+from amp_rewrite.runtime import expose, instrument, isolate
 from amp_rewrite.runtime.isolate import Hung, NativeFailure
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
@@ -90,7 +90,7 @@ class MeasureRanges(Pass[Analysis]):
             analysis.range_check = "skipped: no value could change precision"
             return []
         source = _source(options, calibrated)
-        measured: instrument.StatsByKey | None = analysis.measured
+        measured: expose.StatsByKey | None = analysis.measured
         sources = None
         notes: list[str] = []
         if measured is None:
@@ -195,7 +195,7 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: MeasurementOption
 
 
 def _judged(analysis: Analysis, options: MeasurementOptions, watched: list[Value],
-            sources: Mapping[ValueKey, ValueKey] | None, measured: instrument.StatsByKey, calibrated: bool,
+            sources: Mapping[ValueKey, ValueKey] | None, measured: expose.StatsByKey, calibrated: bool,
             source: str) -> tuple[int, list[tuple[Value, str]]]:
     """How many watched values were measured (``sources``: the key each one's statistics are
     under, ``_same_elements_source``, where it is not its own; None: all their own), and those
@@ -275,7 +275,7 @@ def _advice(analysis: Analysis) -> str:
 
 
 def _measure(analysis: Analysis, watched: list[Value], sources: dict[ValueKey, ValueKey],
-             notes: list[str]) -> instrument.StatsByKey:
+             notes: list[str]) -> expose.StatsByKey:
     """The statistics of the watched values' sources (``sources``: their
     ``_same_elements_source`` where it is another value), by source: from the measurement
     the pipeline started, or where it failed (or did not start), measured now (``remeasure``);

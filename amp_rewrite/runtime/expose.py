@@ -1,0 +1,317 @@
+"""Models derived for measuring: a model's values exposed as outputs.
+
+``expose`` derives a model whose outputs include the values asked for: a
+top-level value becomes a graph output as it is; a value inside an If, Loop or
+Scan body is reduced in the body to a statistics vector
+``[max |x|, nonzero elements, elements below each of two thresholds]`` that is carried out
+through each enclosing control-flow node (as a Loop or Scan scan output, or an
+If output with an empty stand-in in the other branch). One run of that model
+measures every value of the model, nested ones included; ``measure`` and ``merge`` read
+the runs' results into statistics per value. Nothing here runs ONNX Runtime
+(``instrument`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from amp_rewrite.ir.builder import GraphBuilder, Names
+from amp_rewrite.ir.graph import ModelIndex, ValueKey
+from amp_rewrite.ir.precision import Precision
+from amp_rewrite.ir.sizes import has_subgraphs, iter_graphs
+from amp_rewrite.ir.types import typed_index
+
+STAT_PREFIX = "__amp_stat"
+# Where a control-flow node carries a body output out: the attribute names of its
+# bodies, and for Scan the per-scan-output attributes that must grow with it.
+_LIFTABLE = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
+_SCAN_OUTPUT_ATTRIBUTES = ("scan_output_axes", "scan_output_directions")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The magnitudes below which statistics count nonzero elements: ``flush`` (they become
+    zero in the low type) and ``normal`` (the low type's smallest normal: below it a value
+    keeps fewer significant bits, and rounding upstream can flush it)."""
+
+    flush: float
+    normal: float
+
+    @classmethod
+    def of(cls, precision: Precision) -> Thresholds:
+        return cls(precision.flush_below, precision.smallest_normal)
+
+
+class ValueStats(NamedTuple):
+    """What a run showed of one float value. A tuple: a measurement's statistics of every value
+    cross from the measuring child to the caller pickled, and tuples pickle and load faster than
+    frozen dataclasses."""
+
+    max_abs: float
+    nonzero: int
+    small: int
+    """Nonzero elements with magnitude below ``Thresholds.flush``."""
+    subnormal: int
+    """Nonzero elements with magnitude below ``Thresholds.normal`` (``small`` among them)."""
+
+    @classmethod
+    def of(cls, array: np.ndarray, thresholds: Thresholds) -> ValueStats:
+        """Over the finite elements: a -inf mask value overflows nothing."""
+        magnitude = np.abs(np.asarray(array, dtype=np.float32)).ravel()
+        peak = float(magnitude.max()) if magnitude.size else 0.0
+        if peak < np.inf:  # the common case: no inf or NaN (a NaN peak compares false too)
+            below_normal = int(np.count_nonzero(magnitude < thresholds.normal))
+            if not below_normal:  # the commonest: no zero, nothing small
+                return cls(peak, magnitude.size, 0, 0)
+            nonzero = int(np.count_nonzero(magnitude))
+            zeros = magnitude.size - nonzero
+            subnormal = below_normal - zeros
+            small = int(np.count_nonzero(magnitude < thresholds.flush)) - zeros if subnormal else 0
+            return cls(peak, nonzero, small, subnormal)
+        finite = magnitude[np.isfinite(magnitude)]
+        peak = float(finite.max()) if finite.size else 0.0  # all -inf (a mask's fill): float16 holds it
+        positive = finite[finite > 0]
+        return cls(peak, int(positive.size), int(np.count_nonzero(positive < thresholds.flush)),
+                   int(np.count_nonzero(positive < thresholds.normal)))
+
+    @classmethod
+    def of_rows(cls, rows: np.ndarray) -> ValueStats:
+        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+        if not rows.size:
+            return cls(0.0, 0, 0, 0)
+        return cls(float(rows[:, 0].max()), *(int(count) for count in rows[:, 1:].sum(axis=0)))
+
+    def merged(self, other: ValueStats) -> ValueStats:
+        return ValueStats(max(self.max_abs, other.max_abs), self.nonzero + other.nonzero, self.small + other.small,
+                          self.subnormal + other.subnormal)
+
+    @property
+    def small_share(self) -> float:
+        return self.small / self.nonzero if self.nonzero else 0.0
+
+
+class PackedStats:
+    """Statistics by value key, packed for the trip from a measuring child to its caller: the
+    keys, and their ``ValueStats`` as rows of one array. A dict of ValueStats, an object per value,
+    would hold more memory in the caller once unpickled, at the end of a conversion (its memory
+    peak), than the keys and rows with the position of each key. Read as a Mapping's ``get``."""
+
+    def __init__(self, stats: Mapping[ValueKey, ValueStats]) -> None:
+        self.keys = list(stats)
+        self.rows = np.array(list(stats.values()), dtype=np.float64).reshape(-1, 4)
+        self._at: dict[ValueKey, int] | None = None
+
+    def __getstate__(self) -> tuple[list[ValueKey], np.ndarray]:
+        return self.keys, self.rows
+
+    def __setstate__(self, state: tuple[list[ValueKey], np.ndarray]) -> None:
+        self.keys, self.rows = state
+        self._at = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def get(self, key: ValueKey, default: ValueStats | None = None) -> ValueStats | None:
+        if self._at is None:
+            self._at = {k: i for i, k in enumerate(self.keys)}
+        at = self._at.get(key)
+        if at is None:
+            return default
+        peak, nonzero, small, subnormal = self.rows[at].tolist()
+        return ValueStats(peak, int(nonzero), int(small), int(subnormal))
+
+
+StatsByKey = Mapping[ValueKey, ValueStats] | PackedStats
+"""Statistics by value key, as a measurement gives them: read with ``get`` (a ``PackedStats`` is no Mapping)."""
+
+
+@dataclass
+class Exposed:
+    """A model with extra outputs, and what each extra output holds."""
+
+    model: onnx.ModelProto
+    top: list[str]
+    """Top-level values that are graph outputs as they are."""
+    stats: dict[str, ValueKey]
+    """Statistics outputs: output name -> nested value."""
+
+
+def float_values(model: onnx.ModelProto, top_level: bool = False) -> list[ValueKey]:
+    """Keys of the float32 values that nodes compute (every graph, or the top level only)."""
+    return [key for key in _computed_floats(typed_index(model)) if key[0] == 0 or not top_level]
+
+
+def _computed_floats(index: ModelIndex) -> list[ValueKey]:
+    return [v.key for v in index.all_values() if v.producer is not None and v.elem_type == TensorProto.FLOAT]
+
+
+def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds | None = None) -> Exposed:
+    """A copy of ``model`` whose outputs also give each value of ``keys`` (float values): a
+    top-level one as it is, a nested one as its statistics row (which ``thresholds`` define)."""
+    keys = list(keys)
+    if thresholds is None and any(key[0] != 0 for key in keys):
+        raise ValueError("nested values are exposed as statistics rows, which need thresholds")
+    exposed = lift_nested(model, keys, thresholds, copy=True)
+    present = {o.name for o in exposed.model.graph.output}
+    for _, name in (k for k in keys if k[0] == 0):
+        if name not in present:
+            exposed.model.graph.output.append(onnx.ValueInfoProto(name=name))
+            present.add(name)
+        exposed.top.append(name)
+    return exposed
+
+
+def lift_nested(model: onnx.ModelProto, keys: Iterable[ValueKey] | None, thresholds: Thresholds | None,
+                copy: bool = False) -> Exposed:
+    """``model`` (a copy when ``copy`` or when a value is lifted) in which every nested value of
+    ``keys`` (None: every nested float32 value that a node computes) is reduced to a statistics
+    row carried to a top-level output (``stats``); ``thresholds`` may be None only where there is none."""
+    nested = None if keys is None else [k for k in keys if k[0] != 0]
+    if nested is None and not has_subgraphs(model.graph):
+        nested = []
+    if nested is None or nested or copy:
+        model_copy = onnx.ModelProto()
+        model_copy.CopyFrom(model)
+        model = model_copy
+    stats: dict[str, ValueKey] = {}
+    if nested is None or nested:
+        index = typed_index(model)
+        if nested is None:
+            nested = [key for key in _computed_floats(index) if key[0] != 0]
+        builder = _StatBuilder(index, thresholds)
+        for key in nested:
+            name = builder.lift(key) if key in index.values else None
+            if name is not None:
+                stats[name] = key
+        builder.finish()
+    return Exposed(model, [], stats)
+
+
+def exact_sigmoid(model: onnx.ModelProto) -> None:
+    """Compute each Sigmoid of ``model`` (every graph, in place) as exp(-softplus(-x)), which
+    ONNX Runtime's CPU kernels give to within 5.3e-7 relative from -100 to 40: its Sigmoid is
+    exact only to 2^-25 absolute (multiples of 3e-8: 3e-8 at -17.9999, 0 at -18 and at -57), so
+    a measurement through it sees zeros where float32 holds values that float16 flushes to zero
+    (and a Log after them turns -inf on a GPU). The composition is of unary ops: any float type."""
+    def sigmoid(node: onnx.NodeProto) -> bool:
+        return node.op_type == "Sigmoid" and node.domain in ("", "ai.onnx")
+
+    names: Names | None = None
+    for graph in iter_graphs(model.graph):  # a graph rebuilt here is walked on as rebuilt
+        if not any(map(sigmoid, graph.node)):
+            continue
+        names = names or Names.of_model(model)
+        nodes = []
+        for node in graph.node:
+            if not sigmoid(node):
+                nodes.append(node)
+                continue
+            made = [names.fresh(f"{node.output[0]}_exact_sigmoid") for _ in range(3)]
+            nodes += [helper.make_node(op, [source], [target], name=names.fresh(f"{target}_node"))
+                      for op, source, target in zip(("Neg", "Softplus", "Neg", "Exp"), [node.input[0], *made],
+                                                    [*made, node.output[0]])]
+        graph.ClearField("node")
+        graph.node.extend(nodes)
+
+
+class _StatBuilder:
+    """Makes the statistics nodes: one ``GraphBuilder`` per graph (model-wide names, constants
+    cached per graph), whose nodes are appended to their graph by ``finish``."""
+
+    def __init__(self, index: ModelIndex, thresholds: Thresholds | None) -> None:
+        self.index = index
+        self.thresholds = thresholds
+        self.owner = {g: node_id for node_id, graphs in index.subgraphs.items() for g in graphs}
+        self.root = GraphBuilder(Names.of_model(index.model), index.opsets.get("", onnx.defs.onnx_opset_version()),
+                                 prefix=STAT_PREFIX + "_")
+        self.builders: dict[int, GraphBuilder] = {}
+
+    def lift(self, key: ValueKey) -> str | None:
+        """Reduce a nested value to its statistics and carry them to a top-level output."""
+        graph_id, name = key
+        if not self._liftable(graph_id):
+            return None
+        stat = self._stat_nodes(self._builder(graph_id), name)
+        while graph_id != 0:
+            stat, graph_id = self._carry_out(graph_id, stat)
+        self.index.model.graph.output.append(helper.make_tensor_value_info(stat, TensorProto.FLOAT, None))
+        return stat
+
+    def finish(self) -> None:
+        """Append each graph's new nodes to it (they read only values defined before them)."""
+        for graph_id, builder in self.builders.items():
+            self.index.graphs[graph_id].proto.node.extend(builder.nodes)
+
+    def _builder(self, graph_id: int) -> GraphBuilder:
+        if graph_id not in self.builders:
+            self.builders[graph_id] = self.root.child()
+        return self.builders[graph_id]
+
+    def _liftable(self, graph_id: int) -> bool:
+        while graph_id != 0:
+            owner = self.index.nodes[self.owner[graph_id]]
+            if owner.domain != "" or owner.op_type not in _LIFTABLE:
+                return False
+            graph_id = owner.graph
+        return True
+
+    def _stat_nodes(self, b: GraphBuilder, value: str) -> str:
+        """Nodes computing [max |x| over the finite elements (from opset 9, which has Where), nonzero
+        count, count below each threshold] (shape [4])."""
+        zero = b.const(np.zeros(1, np.float32))
+        flat = b.op("Reshape", b.op("Abs", value), b.ints([-1]))
+        if b.opset >= 9:
+            flat = b.op("Where", b.op("Less", flat, b.const(np.array([np.inf], np.float32))), flat, zero)
+        padded = b.op("Concat", flat, zero, axis=0)
+        peak = b.op("ReduceMax", padded, keepdims=1)
+        nonzero = b.op("Cast", b.op("Greater", padded, zero), to=TensorProto.FLOAT)
+        counts = [b.op("ReduceSum", nonzero, keepdims=1)]
+        assert self.thresholds is not None, "a nested value's statistics need thresholds"
+        for threshold in (self.thresholds.flush, self.thresholds.normal):
+            below = b.op("Cast", b.op("Less", padded, b.const(np.array([threshold], np.float32))),
+                         to=TensorProto.FLOAT)
+            counts.append(b.op("ReduceSum", b.op("Mul", nonzero, below), keepdims=1))
+        return b.op("Concat", peak, *counts, axis=0)
+
+    def _carry_out(self, graph_id: int, name: str) -> tuple[str, int]:
+        """Make ``name`` an output of its body and of the owning node; return the node's new output."""
+        owner = self.index.nodes[self.owner[graph_id]]
+        bodies = [a for a in owner.proto.attribute if a.type == AttributeProto.GRAPH]
+        for attr, body_id in zip(bodies, self.index.subgraphs[owner.id]):
+            body = attr.g
+            if body_id == graph_id:
+                body.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+            else:  # the other If branch gives an empty stand-in (one per output: outputs are distinct values)
+                stand_in = self._builder(body_id).op("Constant", value=numpy_helper.from_array(np.zeros(0, np.float32)))
+                body.output.append(helper.make_tensor_value_info(stand_in, TensorProto.FLOAT, None))
+        if owner.op_type == "Scan":
+            for attr in owner.proto.attribute:
+                if attr.name in _SCAN_OUTPUT_ATTRIBUTES:
+                    attr.ints.append(0)
+        carried = self.root.names.fresh(STAT_PREFIX + "_carried")
+        owner.proto.output.append(carried)
+        return carried, owner.graph
+
+
+def measure(exposed: Exposed, results: Mapping[str, np.ndarray],
+            thresholds: Thresholds) -> dict[ValueKey, ValueStats]:
+    """Statistics of every exposed value from one run's results."""
+    measured = {(0, name): ValueStats.of(results[name], thresholds) for name in exposed.top}
+    for name, key in exposed.stats.items():
+        measured[key] = ValueStats.of_rows(results[name])
+    return measured
+
+
+def merge(runs: Iterable[dict[ValueKey, ValueStats]]) -> dict[ValueKey, ValueStats]:
+    merged: dict[ValueKey, ValueStats] = {}
+    for measured in runs:
+        for key, stats in measured.items():
+            merged[key] = merged[key].merged(stats) if key in merged else stats
+    return merged
