@@ -16,7 +16,7 @@ from amp_rewrite.errors import UserError
 __version__ = "0.1.0"
 _PUBLIC = {"Precision": "ir.precision", "CheckResult": "numerics.check", "Tolerance": "numerics.compare",
            "Analysis": "rewrite.analysis", "Color": "rewrite.coloring", "ConvertOptions": "rewrite.options",
-           "analyze": "rewrite.pipeline", "Report": "rewrite.report", "BenchResult": "workflows.bench",
+           "analyze": "workflows.analyze", "Report": "rewrite.report", "BenchResult": "workflows.bench",
            "bench": "workflows.bench", "check": "workflows.check", "convert": "workflows.convert"}
 """Where each public name lives: imported when first asked for, so that a command pays only
 for the layers it uses (importing all of them would slow every command's start-up)."""

@@ -546,8 +546,8 @@ def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     monkeypatch.setattr(ranges, "measure", measured_again)
     out, report = convert(m, provider=None)
     assert colors(out) == {"allow1": "fp32"} and report.range_check.startswith("measured 1 values")
-    assert start_measuring(m, ConvertOptions(range_check="off").validated(), None) is None
-    assert start_measuring(m, ConvertOptions(precision="bfloat16").validated(), None) is None
+    for options in (ConvertOptions(range_check="off").validated(), ConvertOptions(precision="bfloat16").validated()):
+        assert start_measuring(m, options, ranges.Meter.of(options.measurement, None)) is None
 
 
 def _matmul_and_other(tmp_path, big: bool, custom: bool):

@@ -8,6 +8,8 @@ Every import is checked, including imports inside functions and under
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,8 @@ def _layer(path: Path) -> str | None:
     return parts[0] if parts[0] in RANK else None
 
 
-def _imported_layers(path: Path):
+def _imported_modules(path: Path):
+    """Each module an import names (``from m import n``: ``m`` and ``m.n``), and its line."""
     tree = ast.parse(path.read_text(), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -50,10 +53,14 @@ def _imported_layers(path: Path):
             names = [a.name for a in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "amp_rewrite" and len(parts) > 1 and parts[1] in RANK:
-                yield parts[1], node.lineno
+        yield from ((name, node.lineno) for name in names)
+
+
+def _imported_layers(path: Path):
+    for name, line in _imported_modules(path):
+        parts = name.split(".")
+        if parts[0] == "amp_rewrite" and len(parts) > 1 and parts[1] in RANK:
+            yield parts[1], line
 
 
 def _modules():
@@ -78,6 +85,42 @@ def test_imports_go_down(path: Path):
             assert target in allowed, f"{own} may import only {sorted(allowed)}; line {line} imports {target}"
         assert RANK[target] < RANK[own], f"{own} (layer {RANK[own]}) imports {target} (layer {RANK[target]}) " \
                                          f"at line {line}"
+
+
+RUNS_NOTHING = {"rewrite": ("amp_rewrite.runtime", "onnxruntime")}
+"""Layers that run no model, and the modules they must not import even where the layers beneath
+allow it: the rewrite judges the measurements its callers hand it (``rewrite.measuring``)."""
+
+
+@pytest.mark.parametrize("layer", sorted(RUNS_NOTHING))
+def test_a_layer_that_runs_nothing_imports_no_runtime(layer: str):
+    """``rewrite/`` imports nothing that runs ONNX Runtime: not ``amp_rewrite.runtime``, not
+    ``onnxruntime``, not in a function, not under ``TYPE_CHECKING``."""
+    forbidden = RUNS_NOTHING[layer]
+    found = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+             for path in sorted((PACKAGE / layer).rglob("*.py"))
+             for name, line in _imported_modules(path)
+             if any(name == f or name.startswith(f"{f}.") for f in forbidden)]
+    assert not found, "\n".join(found)
+
+
+def test_the_runtime_check_sees_deferred_and_type_checking_imports(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from amp_rewrite.runtime import ranges\n\n\ndef f():\n    import onnxruntime as ort\n")
+    names = [(name, line) for name, line in _imported_modules(module)
+             if name.startswith(RUNS_NOTHING["rewrite"])]
+    assert names == [("amp_rewrite.runtime", 3), ("amp_rewrite.runtime.ranges", 3), ("onnxruntime", 7)]
+
+
+def test_the_rewrite_layer_loads_no_runtime():
+    """Nor through the layers beneath it: every module under ``rewrite/`` imported, neither
+    ``amp_rewrite.runtime`` nor ONNX Runtime is loaded."""
+    code = ("import pkgutil, importlib, sys, amp_rewrite.rewrite as r\n"
+            "for m in pkgutil.walk_packages(r.__path__, 'amp_rewrite.rewrite.'): importlib.import_module(m.name)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('amp_rewrite.runtime', 'onnxruntime'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
 
 
 def test_the_check_catches_an_upward_import(tmp_path):

@@ -9,7 +9,7 @@ import os
 from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.io import load
-from amp_rewrite.rewrite.pipeline import analyze
+from amp_rewrite.workflows.analyze import analyze
 
 
 def add_parser(commands) -> None:

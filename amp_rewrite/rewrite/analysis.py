@@ -20,8 +20,8 @@ from amp_rewrite.rewrite.coloring import Color, Coloring, Priority
 from amp_rewrite.rewrite.options import ConvertOptions
 
 if TYPE_CHECKING:
+    from amp_rewrite.rewrite.measuring import Measurement, Table
     from amp_rewrite.rewrite.passes.measure_ranges import Pending
-    from amp_rewrite.runtime.ranges import Measurement, Table
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"
@@ -60,8 +60,8 @@ class Analysis:
     """Value statistics measured ahead (``expose.ValueStats`` by value key); MeasureRanges
     uses them instead of running the model."""
     measuring: Measurement | None = None
-    """The range check's measurement, started before the analysis (``pipeline.start_measuring``);
-    MeasureRanges collects it."""
+    """The range check's measurement, started before the analysis (``pipeline.start_measuring``,
+    by the meter the pipeline is given); MeasureRanges collects it."""
     remeasure: Callable[[list[ValueKey]], Table] | None = None
     """Measures the values of those keys now: what MeasureRanges falls back on where
     ``measuring`` failed or was not started."""

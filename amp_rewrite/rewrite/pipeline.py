@@ -9,6 +9,9 @@ from breaking the result, and ``DeclareInferredShapes`` declares the shapes the 
 Each stage is a sequence of passes on one context (``passes.base``): ``model_passes`` on the model
 before it is indexed, ``analysis_passes`` on the ``Analysis``, ``rewrite_passes`` on the ``Rewrite``;
 ``run_passes`` runs one and times each pass under its name in ``Analysis.seconds``.
+
+The pipeline runs no model: the range check's measurements come from the ``Meter`` its caller
+gives it (``measuring.Meter``: ``runtime.ranges.Meter``), which it starts beside the analysis.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from typing import TypeVar
 import onnx
 
 from amp_rewrite.ir.graph import ModelIndex
+from amp_rewrite.ir.memory import release_free_memory
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
-from amp_rewrite.rewrite.options import ConvertOptions, MeasurementOptions
+from amp_rewrite.rewrite.measuring import Measurement, Meter
+from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes import (
     ChooseMinCasts,
     ColorByPolicy,
@@ -48,9 +53,6 @@ from amp_rewrite.rewrite.passes import (
     SeparateNormCasts,
     UpgradeOpset,
 )
-from amp_rewrite.runtime import ranges
-from amp_rewrite.runtime.isolate import release_free_memory
-from amp_rewrite.runtime.ranges import Measurement
 
 Context = TypeVar("Context")
 
@@ -88,19 +90,21 @@ def run_passes(passes: Iterable[Pass[Context]], context: Context, seconds: dict[
 
 def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
             base_dir: str | os.PathLike | None = None, measured: dict | None = None, *,
-            measuring: Measurement | None = None, speculate: bool = False) -> Analysis:
+            measuring: Measurement | None = None, speculate: bool = False, meter: Meter | None = None) -> Analysis:
     """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
     ``measured``: value statistics from an earlier run, used instead of running the model.
     ``measuring``: the range check's measurement from an earlier analysis of the same model
     (else one starts here, beside the analysis). ``speculate``: the range check may leave its
-    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). A model
-    that defines functions is analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
+    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). ``meter``:
+    what measures the model's values for the range check (``runtime.ranges.Meter``); required
+    where the range check runs without ``measured`` values. A model that defines functions is
+    analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
     options = (options or ConvertOptions()).validated()
-    return _analyze(model, options, base_dir, measured, measuring, speculate, {})
+    return _analyze(model, options, base_dir, measured, measuring, speculate, meter, {})
 
 
 def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os.PathLike | None,
-             measured: dict | None, measuring: Measurement | None, speculate: bool,
+             measured: dict | None, measuring: Measurement | None, speculate: bool, meter: Meter | None,
              seconds: dict[str, float]) -> Analysis:
     """``analyze`` with validated ``options``, its steps timed into ``seconds`` (which may hold
     the caller's steps already)."""
@@ -109,8 +113,8 @@ def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os
     if model.functions or upgrade.needed(model):
         model = onnx.ModelProto.FromString(model.SerializeToString())
         prepared = run_passes((inline, upgrade), model, seconds)
-    if measuring is None and measured is None:
-        measuring = start_measuring(model, options, base_dir)
+    if measuring is None and measured is None and meter is not None:
+        measuring = start_measuring(model, options, meter)
     try:
         with gc_paused():
             started = time.perf_counter()
@@ -122,8 +126,7 @@ def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os
             release_free_memory()
             inferred_at = time.perf_counter()
             analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
-                                remeasure=functools.partial(ranges.measure, model, _range_source(options.measurement),
-                                                            base_dir),
+                                remeasure=None if meter is None else functools.partial(meter.measure, model),
                                 speculate=speculate, inferred=inferred, seconds=seconds)
             analysis.seconds["ShapeInference"] = inferred_at - started
             analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
@@ -138,29 +141,25 @@ def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os
     return analysis
 
 
-def start_measuring(model: onnx.ModelProto, options: ConvertOptions, base_dir) -> Measurement | None:
-    """The range check's measurement of every float value of ``model``, started beside the
-    analysis (None where the options rule the range check out, or no child can be had)."""
+def start_measuring(model: onnx.ModelProto, options: ConvertOptions, meter: Meter) -> Measurement | None:
+    """The range check's measurement of every float value of ``model`` by ``meter``, started
+    beside the analysis (None where the options rule the range check out, or no child can be had)."""
     if MeasureRanges(options.measurement).skip_reason(model):
         return None
-    return ranges.start(model, _range_source(options.measurement), base_dir)
-
-
-def _range_source(options: MeasurementOptions) -> ranges.Source:
-    return ranges.Source(options.calibrate or options.inputs, options.shapes, options.seed, options.precision)
+    return meter.start(model)
 
 
 def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
             measured: dict | None = None, defer: bool = False, *, measuring: Measurement | None = None,
-            speculate: bool = False) -> tuple[Analysis, RewriteStats]:
+            speculate: bool = False, meter: Meter | None = None) -> tuple[Analysis, RewriteStats]:
     """Color ``proto`` and insert its casts, in place. ``defer``: leave the conversion of
-    top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``:
-    as ``analyze`` takes them."""
+    top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``,
+    ``meter``: as ``analyze`` takes them."""
     options = options.validated()
     with gc_paused():
         seconds: dict[str, float] = {}
         prepared = run_passes(model_passes(options), proto, seconds)
-        analysis = _analyze(proto, options, base_dir, measured, measuring, speculate, seconds)
+        analysis = _analyze(proto, options, base_dir, measured, measuring, speculate, meter, seconds)
         analysis.notes.extend(note for note in prepared.notes if note not in analysis.notes)
         release_free_memory()
         edits = Rewrite(analysis)

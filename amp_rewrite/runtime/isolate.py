@@ -29,7 +29,6 @@ the work runs in the calling process (``in_process``): a crash then ends the cal
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import functools
 import gc
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir.memory import release_free_memory
 
 T = TypeVar("T")
 Progress = Callable[[str], None]
@@ -468,12 +468,3 @@ def _death(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit code {exitcode}"
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
-    elsewhere). Freed memory otherwise stays resident for the process's next allocations:
-    a process that now only waits would hold it for nothing."""
-    libc = ctypes.CDLL(None) if os.name == "posix" else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)

@@ -1,6 +1,8 @@
 """Measuring value ranges: a runtime stage that runs the float32 model on data and returns a
 table, the statistics of each value by key (``Table``). What the statistics mean for precision is
-judged elsewhere (the rewrite's MeasureRanges): this module only measures.
+judged elsewhere (the rewrite's MeasureRanges, which imports nothing from here: a ``Meter`` is what
+the callers above both hand it): this module only measures, and a measurement that fails says so as
+data (``Table.failure``), not as the exception it raised.
 
 ``start`` begins a measurement of every float value in a child process (``isolate``) that runs
 beside the caller's analysis; ``measure`` measures the values asked for, now, in a child. The
@@ -19,6 +21,7 @@ from typing import NamedTuple
 
 import onnx
 
+from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir.graph import ValueKey
 from amp_rewrite.ir.precision import Precision
@@ -26,7 +29,7 @@ from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS, op_key
 from amp_rewrite.runtime import expose, instrument, isolate, stages
-from amp_rewrite.runtime.isolate import Hung, Progress, Stalled, Started
+from amp_rewrite.runtime.isolate import Hung, NativeFailure, Progress, Stalled, Started
 
 PORTABLE_NODES = 2000
 PORTABLE_BYTES = 16 << 20
@@ -34,12 +37,31 @@ PORTABLE_BYTES = 16 << 20
 (``isolate``; they are pickled to it, in milliseconds) rather than in a child forked for them."""
 
 
+@dataclass(frozen=True)
+class Failure:
+    """Why a measurement found nothing, as the range check reports it."""
+
+    reason: str
+    """The error's first line (``instrument.first_line``), or where the data could not be made
+    (``inputs``), the error itself."""
+    inputs: bool
+    """Whether the data could not be made (a ``UserError`` before any run): else ONNX Runtime
+    could not run the model on them, or crashed or hung running it."""
+    opset_floor: int | None
+    """The oldest opset ONNX Runtime has kernels for (``instrument.ORT_MIN_OPSET``) where
+    ``instrument.runnable`` leaves the model as it is: at that opset or later, or below it where
+    ``onnx.version_converter`` could not upgrade it. None where it upgraded the model."""
+
+
 class Table(NamedTuple):
     """What a measurement found: the extents generated inputs took (empty for given data), and
-    the statistics of each measured value by key."""
+    the statistics of each measured value by key; where it found nothing, why (``failure``)."""
 
     description: str
     stats: expose.StatsByKey
+    in_process: str | None = None
+    """Why the measurement ran in this process (``isolate.in_process``), if it did."""
+    failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,46 @@ class Source:
     seed: int = 0
     precision: Precision = Precision.FLOAT16
 
+    @classmethod
+    def of(cls, options) -> Source:
+        """``options`` (the rewrite's ``MeasurementOptions``, read by name: this layer is beneath
+        it): the calibration data where there are any, else the given inputs, else generated ones."""
+        return cls(options.calibrate or options.inputs, options.shapes, options.seed, options.precision)
+
+
+class Meter:
+    """Measures models' values on ``source``: what the rewrite's range check is handed (its
+    ``measuring.Meter``), whose tables it judges."""
+
+    def __init__(self, source: Source, base_dir) -> None:
+        self.source, self.base_dir = source, base_dir
+
+    @classmethod
+    def of(cls, options, base_dir) -> Meter:
+        return cls(Source.of(options), base_dir)
+
+    def start(self, model: onnx.ModelProto) -> Measurement | None:
+        """``start``: every float value of ``model``, measured beside the caller."""
+        return start(model, self.source, self.base_dir)
+
+    def measure(self, model: onnx.ModelProto, keys: list[ValueKey]) -> Table:
+        """``measure``: ``keys`` measured now; where that fails, a table that says why."""
+        try:
+            return measure(model, self.source, self.base_dir, keys)
+        except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
+            return failed(exc, _opset_floor(model))
+
+
+def failed(exc: Exception, opset_floor: int | None) -> Table:
+    """The table of a measurement that raised ``exc``: what the report says of it."""
+    inputs = isinstance(exc, UserError) and not isinstance(exc, NativeFailure)  # the data were not made
+    reason = str(exc) if inputs else instrument.first_line(exc, limit=200)
+    return Table("", {}, failure=Failure(reason, inputs, opset_floor))
+
+
+def _opset_floor(model: onnx.ModelProto) -> int | None:
+    return instrument.ORT_MIN_OPSET if instrument.runnable(model) is model else None
+
 
 def start(model: onnx.ModelProto, source: Source, base_dir) -> Measurement | None:
     """Start measuring every float value of ``model`` beside the caller (None where no child can
@@ -61,39 +123,42 @@ def start(model: onnx.ModelProto, source: Source, base_dir) -> Measurement | Non
         return None
     portable = (len(model.graph.node) <= PORTABLE_NODES and not source.given
                 and sum(value_bytes(t) for g in iter_graphs(model.graph) for t in g.initializer) <= PORTABLE_BYTES)
-    return Measurement(Started(functools.partial(_measure_every_value, model, source, base_dir),
-                               "onnxruntime (range check)", portable=portable))
+    started = Started(functools.partial(_measure_every_value, model, source, base_dir),
+                      "onnxruntime (range check)", portable=portable)
+    return Measurement(started, _opset_floor(model))
 
 
 def measure(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey]) -> Table:
     """The statistics of ``keys``, measured now in a child process, stage by stage (``stages``)."""
-    return Table(*isolate.isolated(_work(model, source, base_dir, keys), "onnxruntime (range check)"))
+    description, stats = isolate.isolated(_work(model, source, base_dir, keys), "onnxruntime (range check)")
+    return Table(description, stats, isolate.in_process())
 
 
 class Measurement:
     """The measurement of every float value that ``start`` began."""
 
-    def __init__(self, started: Started) -> None:
+    def __init__(self, started: Started, opset_floor: int | None) -> None:
         self._started: Started | None = started
         self._found: Table | None = None
-        self._hung: Hung | None = None
+        self._opset_floor = opset_floor
+        """The model's ``Failure.opset_floor``, for a hang."""
 
     def result(self) -> Table | None:
         """The table, or None where it failed: the values a caller watches may run where every
         value did not, and a child that deadlocked (``Stalled``) was not the model's doing. A
-        hang past the time limit is raised, each time: measuring again would hang again."""
+        hang past the time limit is a table that says so (``failure``), each time: measuring
+        again would hang again."""
         if self._started is not None:
             started, self._started = self._started, None
             try:
-                self._found = Table(*started.result())
+                description, stats = started.result()
+                self._found = Table(description, stats, isolate.in_process())
             except Stalled:
                 self._found = None
             except Hung as hung:
-                self._hung = hung
+                self._found = failed(hung, self._opset_floor)
             except Exception:  # measured again, the watched values alone
                 self._found = None
-        if self._hung is not None:
-            raise self._hung
         return self._found
 
     def close(self) -> None:

@@ -43,7 +43,7 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
@@ -290,7 +290,7 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
     set of generated inputs in turn (``samples.attempts``) until the model runs on one; where it
     runs on none, NOT RUN with the warning ``convert`` gives."""
     if settings.range_check == "off" or settings.calibrate:
-        return rewrite(proto, settings.validated(), None)
+        return _measured_rewrite(proto, settings.validated())
     names = set(samples.graph_inputs(proto))
     generated = ((attempt.samples, _GENERATED) for attempt in samples.attempts(proto, None, settings.seed))
     own: list[tuple[Sequence[Mapping[str, np.ndarray]], str]] = [(list(given), "the training data")] if given else []
@@ -300,16 +300,21 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
         if said == _GENERATED and labels is not None and measured[0][labels].dtype.kind == "i":
             measured[0][labels] = np.zeros_like(measured[0][labels])  # class 0 exists in every model
         try:
-            return rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated(), None)
+            return _measured_rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated())
         except UserError as exc:  # the model did not run on these (or they do not fit it): the next set may do
             if not str(exc).startswith(RANGE_CHECK_FAILED):
                 raise
             refused = refused or str(exc).removeprefix(RANGE_CHECK_FAILED).replace(CALIBRATION_DATA, said, 1)
-    analysis, stats = rewrite(proto, replace(settings, range_check="off").validated(), None)
+    analysis, stats = _measured_rewrite(proto, replace(settings, range_check="off").validated())
     analysis.range_check = f"NOT RUN: {refused}"
     analysis.notes.append(f"warning: NO RANGE WAS MEASURED: {refused}; the training step's values were not checked "
                           f"for overflow in {Precision(settings.validated().precision).value}")
     return analysis, stats
+
+
+def _measured_rewrite(proto: onnx.ModelProto, options: ConvertOptions):
+    """``rewrite`` with ``options`` (validated), its range check measured by ONNX Runtime."""
+    return rewrite(proto, options, None, meter=ranges.Meter.of(options.measurement, None))
 
 
 _GENERATED = "generated inputs"

@@ -28,7 +28,7 @@ from amp_rewrite.ir import io
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT
@@ -390,7 +390,8 @@ class Trainer:
         float32_view.viewed(view)  # the float32 master weights go into the float32 model it rewrites
         proto = self.with_weights(view)
         options = self.step_graph.options or ConvertOptions()
-        analysis, stats = rewrite(proto, options.validated(), None)
+        options = options.validated()
+        analysis, stats = rewrite(proto, options, None, meter=ranges.Meter.of(options.measurement, None))
         io.save(proto, path, None)
         return build_report(analysis, stats)
 

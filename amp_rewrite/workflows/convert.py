@@ -21,7 +21,7 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
 from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime import instrument, ranges
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -67,6 +67,7 @@ def _convert(model, output, options: ConvertOptions):
     # listed now: the save points the tensors at the output's files
     inputs = _input_files(model, io.initializers(proto)) if kind == "path" else []
     validation = None
+    meter = ranges.Meter.of(options.measurement, base_dir)  # the range check's: the pipeline runs no model
     if options.validate:
         from amp_rewrite.workflows.validate import convert_validated  # its numerics: only when asked
 
@@ -74,7 +75,8 @@ def _convert(model, output, options: ConvertOptions):
     else:
         # A path's output is saved here: its initializers are converted as they are written,
         # and the range check's measurement is settled once they are.
-        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path", speculate=kind == "path")
+        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path", speculate=kind == "path",
+                                  meter=meter)
     _record_decisions(proto, analysis)
     _declare_ir_version(proto, analysis)
     saving = time.perf_counter()
@@ -91,7 +93,8 @@ def _convert(model, output, options: ConvertOptions):
                 reloading = time.perf_counter()
                 proto = io.load(model, borrow=io.EXTERNAL_THRESHOLD)
                 spent[_LOAD] += time.perf_counter() - reloading  # type: ignore[assignment]
-                analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring)
+                analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring,
+                                          meter=meter)
                 _record_decisions(proto, analysis)
                 _declare_ir_version(proto, analysis)
                 saving = time.perf_counter()

@@ -35,7 +35,7 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.pipeline import rewrite
-from amp_rewrite.runtime import expose
+from amp_rewrite.runtime import expose, ranges
 
 
 @dataclass
@@ -87,7 +87,8 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         round_options = replace(options, keep_fp32_nodes=[*options.keep_fp32_nodes, *map(re.escape, kept)])
         mixed = onnx.ModelProto()
         mixed.CopyFrom(proto)
-        analysis, stats = rewrite(mixed, round_options, base_dir, measured)
+        analysis, stats = rewrite(mixed, round_options, base_dir, measured,
+                                  meter=ranges.Meter.of(round_options.measurement, base_dir))
         with tempfile.TemporaryDirectory(prefix="amp-rewrite-") as scratch:
             runnable, runnable_dir = _runnable(mixed, base_dir, scratch)
             observed = run_model(runnable, runnable_dir, DEFAULT_PROVIDER, data, emulate=True, watch=top,

@@ -16,10 +16,9 @@ from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
+from amp_rewrite.rewrite.measuring import Failure, StatsByKey, Table
 from amp_rewrite.rewrite.options import MeasurementOptions
 from amp_rewrite.rewrite.passes.base import Pass, PassResult
-from amp_rewrite.runtime import expose, instrument, isolate
-from amp_rewrite.runtime.isolate import Hung, NativeFailure
 
 RECORD_KEY = "amp_rewrite.kept_fp32"
 """Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
@@ -48,7 +47,7 @@ class MeasureRanges(Pass[Analysis]):
     when nothing could be measured, such nodes are deny again, and the report says so
     prominently (``--range-check on``: an error).
 
-    The pass judges tables (``ranges.Table``) and runs nothing: the pipeline starts the
+    The pass judges tables (``measuring.Table``) and runs nothing: the pipeline starts the
     measurement of every float value before the analysis, beside it (``analysis.measuring``;
     which values may run low is known only when the coloring is done, and measuring all of them
     beside the analysis costs less time than measuring fewer after it), and gives the pass a way
@@ -90,7 +89,7 @@ class MeasureRanges(Pass[Analysis]):
             analysis.range_check = "skipped: no value could change precision"
             return []
         source = _source(options, calibrated)
-        measured: expose.StatsByKey | None = analysis.measured
+        measured: StatsByKey | None = analysis.measured
         sources = None
         notes: list[str] = []
         if measured is None:
@@ -99,15 +98,15 @@ class MeasureRanges(Pass[Analysis]):
                 analysis.pending = Pending(watched, sources, calibrated, source, options)
                 analysis.range_check = "pending"
                 return []
-            try:
-                measured = _measure(analysis, watched, sources, notes)
-            except Exception as exc:  # a model ORT can't run is still converted, and says so loudly
-                said = instrument.first_line(exc, limit=200)
-                why = (str(exc) if isinstance(exc, UserError) and not isinstance(exc, NativeFailure)  # data not made
-                       else f"onnxruntime could not run the model on {source} ({said})")
+            table = _measure(analysis, watched, sources)
+            if (failure := table.failure) is not None:  # a model ORT can't run is still converted, and says so loudly
+                why = (failure.reason if failure.inputs  # the data were not made
+                       else f"onnxruntime could not run the model on {source} ({failure.reason})")
                 if source != _GENERATED or options.shapes or options.range_check == "on":
                     raise UserError(f"range check: {why}") from None
-                return self._not_measured(analysis, watched, why)
+                return self._not_measured(analysis, watched, why, failure)
+            notes.extend(_described(table))
+            measured = table.stats
         count, verdicts = _judged(analysis, options, watched, sources, measured, calibrated, source)
         for value, reason in verdicts:
             for node_id in _touching(analysis, value):
@@ -125,29 +124,27 @@ class MeasureRanges(Pass[Analysis]):
         not run (the watched values are then measured on their own): convert again."""
         pending, analysis.pending = analysis.pending, None
         assert pending is not None and analysis.measuring is not None  # ``run`` left them pending on it
-        try:
-            found = analysis.measuring.result()
-        except Hung:
-            return False
-        if found is None:
+        found = analysis.measuring.result()
+        if found is None or found.failure is not None:
             return False
         count, verdicts = _judged(analysis, pending.options, pending.watched, pending.sources, found.stats,
                                   pending.calibrated, pending.source)
         if verdicts:
             return False
-        analysis.notes.extend(_described(found.description))
+        analysis.notes.extend(_described(found))
         analysis.range_check = _measured_line(analysis, count, pending.source, 0)
         return True
 
-    def _not_measured(self, analysis: Analysis, watched: list[Value], why: str) -> list[str]:
+    def _not_measured(self, analysis: Analysis, watched: list[Value], why: str, failure: Failure) -> list[str]:
         """The measured-infer nodes deny again, as without a measurement; the warning to report."""
         for node_id in {v.producer[0] for v in watched if v.producer is not None and _lifted_producer(analysis, v)}:
             analysis.deny(node_id, "the range check measured nothing")
         names = ", ".join(repr(v.name) for v in watched[:_NAMED])
         more = f" and {len(watched) - _NAMED} more" if len(watched) > _NAMED else ""
         analysis.range_check = f"NOT RUN: {why}"
+        advice = _advice(analysis, failure)
         return [f"warning: NO RANGE WAS MEASURED: {why}. {len(watched)} values that may run in "
-                f"{analysis.precision.value} were not checked for overflow ({names}{more}). {_advice(analysis)}, "
+                f"{analysis.precision.value} were not checked for overflow ({names}{more}). {advice}, "
                 f"or --range-check on to make this an error."]
 
     def _apply_record(self, analysis: Analysis) -> None:
@@ -195,7 +192,7 @@ def _skip_reason(weights: Iterable[onnx.TensorProto], options: MeasurementOption
 
 
 def _judged(analysis: Analysis, options: MeasurementOptions, watched: list[Value],
-            sources: Mapping[ValueKey, ValueKey] | None, measured: expose.StatsByKey, calibrated: bool,
+            sources: Mapping[ValueKey, ValueKey] | None, measured: StatsByKey, calibrated: bool,
             source: str) -> tuple[int, list[tuple[Value, str]]]:
     """How many watched values were measured (``sources``: the key each one's statistics are
     under, ``_same_elements_source``, where it is not its own; None: all their own), and those
@@ -262,38 +259,34 @@ class Pending:
     """The thresholds the values are judged by."""
 
 
-def _advice(analysis: Analysis) -> str:
+def _advice(analysis: Analysis, failure: Failure) -> str:
     """What makes a range check run that did not: inputs the model accepts, or, below the
     opsets ONNX Runtime has kernels for, a model that ``onnx.version_converter`` could not upgrade
-    (``instrument.runnable``), upgraded by hand."""
-    model = analysis.index.model
-    opset = analysis.index.opsets.get("")
-    if opset is not None and opset < instrument.ORT_MIN_OPSET and instrument.runnable(model) is model:
-        return (f"ONNX Runtime runs opset {instrument.ORT_MIN_OPSET} and later, and onnx.version_converter "
+    (``failure.opset_floor``), upgraded by hand."""
+    opset, floor = analysis.index.opsets.get(""), failure.opset_floor
+    if opset is not None and floor is not None and opset < floor:
+        return (f"ONNX Runtime runs opset {floor} and later, and onnx.version_converter "
                 f"could not upgrade this model from opset {opset}: replace the ops it cannot adapt")
     return "Pass inputs the model accepts (--inputs S.npz or --shape NAME:DIMS)"
 
 
-def _measure(analysis: Analysis, watched: list[Value], sources: dict[ValueKey, ValueKey],
-             notes: list[str]) -> expose.StatsByKey:
-    """The statistics of the watched values' sources (``sources``: their
-    ``_same_elements_source`` where it is another value), by source: from the measurement
-    the pipeline started, or where it failed (or did not start), measured now (``remeasure``);
-    what it says of the measurement goes to ``notes``."""
+def _measure(analysis: Analysis, watched: list[Value], sources: dict[ValueKey, ValueKey]) -> Table:
+    """The table of the watched values' sources (``sources``: their ``_same_elements_source``
+    where it is another value), by source: from the measurement the pipeline started, or where it
+    failed (or did not start), measured now (``remeasure``); or why they could not be measured."""
     found = analysis.measuring.result() if analysis.measuring is not None else None
     if found is None:
-        assert analysis.remeasure is not None  # the pipeline gives the analysis one
+        assert analysis.remeasure is not None, "the pipeline measures with the meter it was given"
         found = analysis.remeasure(sorted({sources.get(v.key, v.key) for v in watched}))
-    notes.extend(_described(found.description))
-    return found.stats
+    return found
 
 
-def _described(description: str) -> list[str]:
+def _described(found: Table) -> list[str]:
     """The report's notes on a measurement: the inputs it ran on, and where it ran."""
     notes = []
-    if description:
+    if description := found.description:
         notes.append(f"range check on generated inputs: {description}")
-    if why := isolate.in_process():
+    if why := found.in_process:
         notes.append(f"note: the range check ran in this process ({why}); a crash in ONNX Runtime would have ended it")
     return notes
 
