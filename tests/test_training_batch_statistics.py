@@ -279,3 +279,49 @@ def test_float16_step_makes_no_float32_tensor_shaped_like_the_activation(monkeyp
             assert all(types[name] == TensorProto.FLOAT16 for name in bn.input), "CUDA's kernel takes X's type"
     assert len(found["decomposed"]) >= 4, found["decomposed"]
     assert found["layer-norm"] == []
+
+
+def _pooled_cnn() -> onnx.ModelProto:
+    """x -> Conv -> BatchNormalization -> GlobalAveragePool -> Flatten -> Gemm -> logits (the seed
+    CNN's last block: its BatchNormalization is read by the pool alone)."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (6, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(1, 0.1, 6).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 6).astype(np.float32), "beta"),
+             numpy_helper.from_array(np.zeros(6, np.float32), "mean"),
+             numpy_helper.from_array(np.ones(6, np.float32), "var"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (6, 4)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["n"]),
+             helper.make_node("GlobalAveragePool", ["n"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_batch_normalization_read_only_by_a_pool_is_never_made_and_trains_the_same(monkeypatch):
+    """The pool of the normalised activation is made from the per-(n, c) means: no
+    BatchNormalization or pool of the activation in the step, the same training as the
+    decomposition (float32, five SGD steps)."""
+    model = _pooled_cnn()
+    rng = np.random.default_rng(4)
+    batches = [{"x": rng.normal(0.5, 2, (8, 3, 8, 8)).astype(np.float32),
+                "labels": rng.normal(0, 1, (8, 4)).astype(np.float32)} for _ in range(5)]
+    trained = {}
+    for formulation in FORMULATIONS:
+        monkeypatch.setattr(batch_statistics, "FORMULATION", formulation)
+        step = build(model, loss="mse", output="logits", precision="float32", optimizer_spec="sgd",
+                     batchnorm="train")
+        ops = [n.op_type for n in step.model.graph.node]
+        if formulation == "layer-norm":
+            assert "BatchNormalization" not in ops
+            pools = [n for n in step.model.graph.node if n.op_type == "GlobalAveragePool"]
+            assert all(n.input[0] != "n" and n.output[0] != "p" for n in pools)
+        trainer = Trainer(step, lr=0.1)
+        trained[formulation] = ([trainer.step(batch).loss for batch in batches],
+                                {k: trainer.value(k) for k in ("w", "gamma", "beta", "fc", "mean", "var")})
+    (old_losses, old), (new_losses, new) = trained["decomposed"], trained["layer-norm"]
+    np.testing.assert_allclose(new_losses, old_losses, rtol=1e-5)
+    for name in old:
+        np.testing.assert_allclose(new[name], old[name], rtol=1e-4, atol=1e-6, err_msg=name)

@@ -76,6 +76,16 @@ def normalised(b: GraphBuilder, x: str, scale: str, bias: str, output: str, epsi
     return build(b, x, scale, bias, output, epsilon, rank)
 
 
+def pooled(b: GraphBuilder, x: str, scale: str, bias: str, output: str, epsilon: float,
+           rank: int) -> tuple[str, str]:
+    """Write ``output`` = the GlobalAveragePool of ``normalised``'s output without making that
+    output: each (n, c)'s mean of ``x`` is the LayerNormalization's Mean, so the pool is
+    ``gain_c * mean_nc + (bias_c - gain_c * mean_c)`` on [N, C, 1, ...] values (the shortcut for a
+    BatchNormalization that only a GlobalAveragePool reads; ``layer-norm`` formulation only)."""
+    assert formulation(b.opset, rank) == "layer-norm"
+    return _layer_norm(b, x, scale, bias, output, epsilon, rank, pool=True)
+
+
 def _decomposed(b: GraphBuilder, x: str, scale: str, bias: str, output: str, epsilon: float,
                 rank: int) -> tuple[str, str]:
     """Reductions and elementwise ops over the activation (as PyTorch's train mode computes it)."""
@@ -92,7 +102,7 @@ def _decomposed(b: GraphBuilder, x: str, scale: str, bias: str, output: str, eps
 
 
 def _layer_norm(b: GraphBuilder, x: str, scale: str, bias: str, output: str, epsilon: float,
-                rank: int) -> tuple[str, str]:
+                rank: int, pool: bool = False) -> tuple[str, str]:
     """Per-(n, c) statistics from LayerNormalization, combined per channel in float32, applied by
     an inference-mode BatchNormalization. The statistics, [N, C, 1, ...], are transposed to
     [1, C, N, ...] so that a GlobalAveragePool (an infer op) averages over n: a ReduceMean is deny,
@@ -106,6 +116,7 @@ def _layer_norm(b: GraphBuilder, x: str, scale: str, bias: str, output: str, eps
     swap = [2, 1, 0, *range(3, rank)]  # [N, C, 1, ...] -> [1, C, N, ...]
     for stat in (row_mean, row_inv_std):
         b.types[stat] = TensorProto.FLOAT  # stash_type 1
+    per_row = row_mean
     row_mean, row_inv_std = (b.op("Transpose", v, perm=swap) for v in (row_mean, row_inv_std))
     row_var_eps = b.op("Div", b.const(1.0, like=row_mean), b.op("Mul", row_inv_std, row_inv_std))  # var_nc + eps
     mean = b.op("GlobalAveragePool", row_mean)  # [1, C, 1, ...]
@@ -113,6 +124,12 @@ def _layer_norm(b: GraphBuilder, x: str, scale: str, bias: str, output: str, eps
     var_eps = b.op("GlobalAveragePool", b.op("Add", row_var_eps, b.op("Mul", spread, spread)))
     mean, var_eps = (b.op("Reshape", v, b.ints([-1])) for v in (mean, var_eps))  # [C]
     gain = b.op("Div", scale, b.op("Sqrt", var_eps))
-    unit = b.op("Expand", b.const(1.0 - epsilon, like=scale), b.op("Shape", scale))  # + epsilon = 1
-    b.op("BatchNormalization", x, gain, bias, mean, unit, outputs=[output], epsilon=epsilon)
+    if pool:
+        channel = b.ints([1, -1] + [1] * (rank - 2))
+        gain_c = b.op("Reshape", gain, channel)
+        shift = b.op("Sub", b.op("Reshape", bias, channel), b.op("Mul", gain_c, b.op("Reshape", mean, channel)))
+        b.op("Add", b.op("Mul", per_row, gain_c), shift, outputs=[output])
+    else:
+        unit = b.op("Expand", b.const(1.0 - epsilon, like=scale), b.op("Shape", scale))  # + epsilon = 1
+        b.op("BatchNormalization", x, gain, bias, mean, unit, outputs=[output], epsilon=epsilon)
     return mean, b.op("Sub", var_eps, b.const(epsilon, like=var_eps))

@@ -5,13 +5,14 @@ the batch mean and biased variance over every axis but the channel normalise the
 input, and the running statistics move towards the batch's (the variance's unbiased
 estimate, as PyTorch keeps it) with the node's momentum. ``batch_statistics`` holds the
 two formulations of the normalisation and the choice between them (``FORMULATION``, data):
-``decomposed`` (the default: reductions and elementwise ops, which the mixed-precision
-policy keeps float32 over the whole activation) and ``layer-norm`` (where the opset has
+``decomposed`` (reductions and elementwise ops, which the mixed-precision policy keeps
+float32 over the whole activation) and ``layer-norm`` (the default where the opset has
 LayerNormalization and the input spatial axes: per-(n, c) statistics from
 LayerNormalization, combined per channel, applied by an inference-mode
 BatchNormalization; where the rewrite makes the activation float16, float32 holds only the
-[N, C] and [C] statistics, never a tensor shaped like the activation, forward or backward).
-Either way the gradient comes from the ops' own rules. The running statistics become
+[N, C] and [C] statistics, never a tensor shaped like the activation, forward or backward;
+a BatchNormalization that only a GlobalAveragePool reads is never made: the pool is written
+from the per-(n, c) means). Either way the gradient comes from the ops' own rules. The running statistics become
 carried state: graph inputs and outputs of the step. Dropout nodes get ``training_mode``
 true.
 """
@@ -87,7 +88,13 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
         attrs = {a.name: helper.get_attribute_value(a) for a in proto_node.attribute}
         eps, momentum = attrs.get("epsilon", 1e-5), attrs.get("momentum", 0.9)
         step = b.child()
-        batch_mean, batch_var = batch_statistics.normalised(step, x, scale, bias, proto_node.output[0], eps, len(shape))
+        pool = _only_reader_a_pool(index, node)
+        if pool is not None and batch_statistics.formulation(b.opset, len(shape)) == "layer-norm":
+            batch_mean, batch_var = batch_statistics.pooled(step, x, scale, bias, pool.proto.output[0], eps, len(shape))
+            replaced[pool.position] = []  # the pool's output is made with the statistics
+        else:
+            batch_mean, batch_var = batch_statistics.normalised(step, x, scale, bias, proto_node.output[0], eps,
+                                                                len(shape))
         count = step.op("Cast", step.op("Div", step.op("Size", x), step.op("Size", batch_mean)),
                         to=b.types[batch_var])
         unbiased = step.op("Mul", batch_var, step.op("Div", count, step.op("Sub", count, step.const(1.0, like=count))))
@@ -106,6 +113,16 @@ def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
     for stat in stats:
         initializer_to_input(proto.graph, tensors[stat.input], TensorProto.FLOAT)
     return stats
+
+
+def _only_reader_a_pool(index, node):
+    """The top-level GlobalAveragePool that is the only reader of ``node``'s output (not a graph
+    output), or None."""
+    out = index.values.get(node.outputs[0]) if node.outputs and node.outputs[0] is not None else None
+    if out is None or out.output_of or len(out.uses) != 1:
+        return None
+    reader = index.nodes[out.uses[0][0]]
+    return reader if reader.graph == 0 and reader.op_type == "GlobalAveragePool" and reader.domain == "" else None
 
 
 def _identity_of_initializer(graph: onnx.GraphProto, name: str,
