@@ -171,3 +171,20 @@ def test_a_state_made_at_run_time_is_no_parameter_of_a_specialized_step() -> Non
     exported = trainer.with_weights(step.original)
     assert [n.op_type for n in exported.graph.node] == [n.op_type for n in nodes]
     assert ort_run(exported, {"x": x[:5]}, ["y"])["y"].shape == (5, 3)
+
+
+def test_an_export_whose_weights_did_not_go_back_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    """train checks the written model against the trained forward on the data's first samples: a
+    write-back that missed the Constant nodes is one line, exit 2, no file."""
+    from amp_rewrite.training import constant_weights
+
+    model = _constant_mlp()
+    path, data, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "t.onnx"
+    onnx.save(model, path)
+    np.savez(data, **_data())
+    monkeypatch.setattr(constant_weights, "written_back", lambda model, weights: None)
+    assert main(["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "logits",
+                 "--epochs", "3", "--lr", "0.05", "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the exported model's output 'logits' differs from the trained step's" in err, err
+    assert not out.exists()

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     history = trainer.fit(train, args.epochs, args.batch_size, evaluation, seed=args.seed, progress=not args.quiet,
                           schedule=schedule, first_epoch=first, checkpoints=args.checkpoint_dir,
                           keep_best=args.keep_best)
-    trainer.export(args.trained)
+    trainer.export(args.trained, check_on=train)
     if args.mixed_output:
         trainer.export_mixed(args.mixed_output)
     if args.report:

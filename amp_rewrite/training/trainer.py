@@ -25,6 +25,7 @@ from onnx import numpy_helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.ir import io
+from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
@@ -380,9 +381,43 @@ class Trainer:
         attribute_weights.written_back(copy, weights)  # and in ai.onnx.ml's attributes
         return copy
 
-    def export(self, path) -> None:
-        """The input model, graph unchanged, with the trained weights (float32)."""
-        io.save(self.with_weights(self.step_graph.original), path, None)
+    def export(self, path, check_on: Mapping[str, np.ndarray] | None = None) -> None:
+        """The input model, graph unchanged, with the trained weights (in each weight's own type);
+        ``check_on``: data whose first samples the written model must compute as the trained step's
+        forward does (``check_export``), else a UserError and nothing written."""
+        exported = self.with_weights(self.step_graph.original)
+        if check_on is not None:
+            self.check_export(exported, check_on)
+        io.save(exported, path, None)
+
+    def check_export(self, exported: onnx.ModelProto, data: Mapping[str, np.ndarray], rows: int = 8) -> None:
+        """That ``exported`` (the input model with the trained weights written back: into
+        initializers, Constant nodes, ai.onnx.ml attributes, float16 or float64 tensors, a fused
+        ONNX Runtime graph) computes on ``rows`` samples of ``data`` the float outputs the trained
+        forward computes: a UserError naming the output where they disagree. A model with random
+        ops, or one ONNX Runtime cannot run, is not checked."""
+        if any(n.op_type in RANDOM_OPS for graph in iter_graphs(exported.graph) for n in graph.node):
+            return
+        feeds = self.batching.take(data, self.spec.data, slice(0, rows))
+        try:
+            session = instrument.session(exported)
+            declared = {i.name: i.type for i in session.get_inputs()}
+            written = dict(zip((o.name for o in session.get_outputs()), session.run(None, {
+                name: np.asarray(feeds[name], _NUMPY.get(declared[name])) for name in declared if name in feeds})))
+        except Exception:  # the input model itself may be one ONNX Runtime refuses
+            return
+        types = {o.name: o.type for o in session.get_outputs()}
+        forward = instrument.session(self.with_weights(self.step_graph.forward))
+        names = [o.name for o in forward.get_outputs() if types.get(o.name) in _FLOAT_TOLERANCE]
+        for name, want in zip(names, forward.run(names, feeds)):
+            got = np.asarray(written[name], np.float64)
+            scale = float(np.max(np.abs(want))) if np.size(want) else 0.0
+            if got.shape != np.shape(want) or np.any(np.abs(got - want) > _FLOAT_TOLERANCE[types[name]] * scale
+                                                     + EXPORT_ATOL):
+                worst = float(np.max(np.abs(got - want))) if got.shape == np.shape(want) else float("nan")
+                raise UserError(f"the exported model's output {name!r} differs from the trained step's (largest "
+                                f"difference {worst:.3g}, outputs up to {scale:.3g}): the weights did not go back "
+                                f"into the model as they were trained; nothing was written")
 
     def export_mixed(self, path) -> Report:
         """The trained model's mixed-precision rewrite, with the options the step was built with."""
@@ -396,6 +431,17 @@ class Trainer:
         return build_report(analysis, stats)
 
 
+_FLOAT_TOLERANCE = {"tensor(float)": 1e-4, "tensor(double)": 1e-4, "tensor(float16)": 1e-2,
+                    "tensor(bfloat16)": 5e-2}
+"""How far (relative to the output's largest magnitude) an exported model's output may stray from
+the trained forward's, by its type: the same computation in another graph form (float32 sums
+reordered), or rounded to the model's own float16."""
+EXPORT_ATOL = 1e-5
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+"""Ops whose outputs differ from run to run: a model holding one is not checked on export."""
+_NUMPY = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(float)": np.float32}
+"""The array type an exported model's float input takes."""
 EPOCH_KEY = "__epoch__"
 """A checkpoint's array that holds the epoch it ends (``Trainer.save``)."""
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
