@@ -139,3 +139,17 @@ def test_a_model_that_reads_strings_is_refused_in_one_line() -> None:
     model.graph.node.insert(1, helper.make_node("Squeeze", ["hot"], ["x"]))
     with pytest.raises(UserError, match="input 'color' holds strings: the training step takes numbers only"):
         build(model, loss="mse", output="probabilities", precision="float32")
+
+
+def test_a_model_with_no_trainable_weight_is_refused_in_one_line() -> None:
+    """A tree ensemble keeps its parameters in attributes no gradient reaches: nothing to train."""
+    from amp_rewrite.errors import UserError
+    from amp_rewrite.training import build
+
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["variable"], domain="ai.onnx.ml", n_targets=1,
+                            nodes_treeids=[0], nodes_nodeids=[0], nodes_featureids=[0], nodes_values=[0.0],
+                            nodes_modes=["LEAF"], nodes_truenodeids=[0], nodes_falsenodeids=[0],
+                            target_treeids=[0], target_nodeids=[0], target_ids=[0], target_weights=[1.5])
+    model = _model(node, [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])])
+    with pytest.raises(UserError, match="depends on no trainable weight: nothing to train"):
+        build(model, loss="mse", output="variable", precision="float32")

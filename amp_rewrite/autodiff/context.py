@@ -28,6 +28,10 @@ SLICE_END = 2**62
 
 
 
+class NoParameters(UserError):
+    """The loss depends on no float initializer: there is nothing to differentiate."""
+
+
 class DynamicShapes(UserError):
     """A rule needs what only run time knows here (a shape, pads or scales computed from one):
     a graph specialized to fixed input extents, its shape computations folded, has them."""

@@ -11,6 +11,7 @@ import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
+from amp_rewrite.autodiff.context import NoParameters
 from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.autodiff.rules.conv_weight_grad import checked
 from amp_rewrite.autodiff.unfused import has_fused_ops, unfused
@@ -159,8 +160,8 @@ def _targets(index, engine: Backward, loss_key: ValueKey, wrt: Sequence[str] | N
         _, _, needed = engine.plan(0, [loss_key], candidates)
         found = [k for k in candidates if k in needed]
         if not found:
-            raise UserError(f"the loss {loss_key[1]!r} depends on no float initializer: nothing to differentiate "
-                            f"(weights held in Constant nodes or in op attributes are not trained)")
+            raise NoParameters(f"the loss {loss_key[1]!r} depends on no float initializer: nothing to differentiate "
+                               f"(weights held in Constant nodes or in op attributes are not differentiated)")
         return found
     targets = []
     for name in dict.fromkeys(wrt):

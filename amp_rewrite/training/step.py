@@ -28,7 +28,7 @@ import onnx.external_data_helper
 from onnx import TensorProto, helper
 
 from amp_rewrite.autodiff import add_backward
-from amp_rewrite.autodiff.context import DynamicShapes
+from amp_rewrite.autodiff.context import DynamicShapes, NoParameters
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.autodiff.recurrent import unrolled
 from amp_rewrite.autodiff.rules.conv_weight_grad import checked
@@ -208,7 +208,11 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
     running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
-    found = [name for name in default_parameters(proto, loss) if name in weights]
+    try:
+        found = [name for name in default_parameters(proto, loss) if name in weights]
+    except NoParameters:
+        raise UserError(f"the loss {loss!r} depends on no trainable weight: nothing to train (tree ensembles, k-NN "
+                        f"and SVMs keep their parameters in op attributes, which have no gradient)") from None
     names = _selected(proto, params if params is not None else found, train, freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
