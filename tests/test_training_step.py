@@ -396,3 +396,13 @@ def test_steps_that_accumulate_or_keep_a_static_scale_do_not_search():
     for kwargs in ({"accumulate": 2}, {"loss_scale": 1024.0}):
         step = build(_mlp(), loss="cross-entropy", output="logits", precision="float16", **kwargs)
         assert not Trainer(step).searching
+
+
+def test_a_float32_run_that_diverges_says_so():
+    """Without loss scaling a step applies inf/NaN gradients: the check after training names the
+    divergence (not a loss spelled in a way it did not recognize)."""
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32")
+    rng = np.random.default_rng(0)
+    data = {"x": rng.normal(0, 1, (32, 4)).astype(np.float32), "labels": rng.integers(0, 3, 32).astype(np.int64)}
+    with pytest.raises(UserError, match="training diverged: the trained model's cross-entropy loss is nan"):
+        Trainer(step, lr=1e30).fit(data, epochs=2, batch_size=8, progress=False)
