@@ -340,8 +340,7 @@ class Trainer:
             (reported,) = session.run([spec.loss], self.batching.take(feeds, spec.data, kept))
         if not (math.isfinite(float(reported)) and math.isfinite(expected)):
             raise UserError(f"training diverged: the trained model's {spec.loss_kind} loss is {float(reported):g} "
-                            f"(a step's gradients were inf or NaN and no loss scaling skipped it): lower --lr, or "
-                            f"train with --loss-scale dynamic, which skips such steps")
+                            f"(the updates took its weights where its outputs are no longer finite); lower --lr")
         if not math.isclose(float(reported), expected, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL):
             raise UserError(f"the {spec.loss_kind} loss the step computes ({float(reported):.6g}) is not the "
                             f"{spec.loss_kind} of {spec.loss_output!r} ({expected:.6g} from its own values): its "
