@@ -77,11 +77,12 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     """One configuration's step time; ``conv_weight_grad`` and ``graph_mode`` as ``train`` takes them
     (graph mode: the step built for the batch's extents, on by default on CUDA)."""
     from amp_rewrite.training import build
+    from amp_rewrite.training.graph_mode import MODES, fixed_extents
     from amp_rewrite.training.trainer import Trainer
 
     before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)
-    graphs = graph_mode == "on" or graph_mode == "auto" and where == "CUDAExecutionProvider"
+    graphs = fixed_extents(MODES[graph_mode], where)
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
                  precision=precision, batchnorm=batchnorm, conv_weight_grad=conv_weight_grad,
                  specialize={"image": [batch, 3, image_size, image_size]} if graphs else None)

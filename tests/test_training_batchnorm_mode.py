@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.training import build
-from amp_rewrite.training.step import batchnorm_mode
+from amp_rewrite.training.modes import batchnorm_mode
 from tests.helpers import rng
 
 

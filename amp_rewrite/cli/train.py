@@ -18,12 +18,10 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.ir import io
 from amp_rewrite.training.batching import Batching
+from amp_rewrite.training.graph_mode import MODES, fixed_extents
 from amp_rewrite.training.modes import RUNNING_ROLES, untrained
 from amp_rewrite.training.optimizers import DEFAULT_LR
 from amp_rewrite.training.schedules import KINDS, Schedule
-
-GRAPH_MODES = {"auto": None, "on": True, "off": False}
-"""``--graph-mode``'s choices, as ``Trainer(graph_mode=...)`` takes them."""
 
 
 def add_parser(commands) -> None:
@@ -65,7 +63,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--provider-option", dest="provider_options", action="append", default=[],
                         metavar="KEY=VALUE", help="an option of that provider, in ONNX Runtime's names (repeatable): "
                                                   "device_id=1, gpu_mem_limit=8000000000")
-    parser.add_argument("--graph-mode", choices=GRAPH_MODES, default="auto",
+    parser.add_argument("--graph-mode", choices=MODES, default="auto",
                         help="build the step for batches of --batch-size (a last, partial batch is left out), bind "
                              "its inputs and outputs at fixed addresses and, on CUDAExecutionProvider, run it as "
                              "CUDA graphs: auto (default: on CUDA), on, off")
@@ -102,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
     trainer = Trainer(step, provider=args.train_provider, lr=lr, weight_decay=args.weight_decay,
-                      provider_options=provider_options, batching=batching, graph_mode=GRAPH_MODES[args.graph_mode])
+                      provider_options=provider_options, batching=batching, graph_mode=MODES[args.graph_mode])
     first = trainer.resume(args.resume) + 1 if args.resume else 1
     if first > args.epochs:
         raise UserError(f"{args.resume} ends epoch {first - 1}: nothing is left of --epochs {args.epochs}")
@@ -162,8 +160,7 @@ def _classes(step) -> int | None:
 def _built(args: argparse.Namespace, first: dict[str, np.ndarray]):
     """The step, built for the extents of the first batch where graph mode wants fixed ones (``on``,
     or ``auto`` on CUDA; ``auto`` falls back to a step of any batch where that build fails)."""
-    graphs = args.graph_mode == "on" or args.graph_mode == "auto" and args.train_provider == "CUDAExecutionProvider"
-    if not graphs:
+    if not fixed_extents(MODES[args.graph_mode], args.train_provider):
         return build_step(args, [first])
     try:
         return build_step(args, [first], {name: np.shape(array) for name, array in first.items()})

@@ -27,8 +27,10 @@ MOST_FOLDED = 1 << 16
 KNOWN_ELEMENTS = 1 << 12
 """Initializers up to this many elements are known to the folding (shape operands, scales); larger
 ones are weights, which no shape computation reads."""
-_NEVER = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                    "Bernoulli", "Dropout", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"})
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+"""Ops whose outputs differ from run to run."""
+_NEVER = RANDOM_OPS | {"Dropout", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"}
 """Ops not folded: random ones, Dropout (random in the step), and those with subgraphs or sequences."""
 
 

@@ -40,12 +40,22 @@ WARMUP_RUNS = 6
 them): each graph is captured after two regular runs of its own id at most, and two ids alternate."""
 
 
+MODES = {"auto": None, "on": True, "off": False}
+"""``train --graph-mode``'s choices, as ``Trainer(graph_mode=...)`` takes them."""
+
+
+def fixed_extents(graph_mode: bool | None, provider: str) -> bool:
+    """Whether graph mode wants a step built for fixed extents: asked for (True), or by default
+    (None) on CUDA."""
+    return bool(graph_mode) or graph_mode is None and provider == CUDA
+
+
 def wanted(graph_mode: bool | None, provider: str, spec: StepSpec) -> bool:
     """Whether a trainer binds its step at fixed addresses: as ``graph_mode`` says, or where it is
     None, on CUDA for a step of fixed extents (``StepSpec.extents``: a specialized step). A UserError
     where it is asked for a step of any extents: a fixed buffer holds one shape."""
     if graph_mode is None:
-        return provider == CUDA and spec.extents is not None
+        return fixed_extents(None, provider) and spec.extents is not None
     if graph_mode and spec.extents is None:
         raise UserError("graph mode needs a step of fixed extents, and this one takes batches of any size: build it "
                         "with build(specialize={input: extents}), or train without graph mode")

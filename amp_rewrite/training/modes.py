@@ -125,6 +125,35 @@ def _only_reader_a_pool(index, node):
     return reader if reader.graph == 0 and reader.op_type == "GlobalAveragePool" and reader.domain == "" else None
 
 
+BATCHNORM_MODES = ("auto", "train", "freeze")
+"""``build``'s ``batchnorm``: "auto" is resolved by ``batchnorm_mode``."""
+
+
+def batchnorm_mode(proto: onnx.ModelProto, batchnorm: str) -> str:
+    """``batchnorm``, with "auto" resolved: "freeze" where some top-level BatchNormalization's
+    running statistics were trained (a pretrained model: fine-tuning keeps them, as Keras advises,
+    so a few small batches do not replace what the model learned on its data), "train" where
+    every one still holds its initial value (means 0, variances 1: a model never trained learns
+    them) or where they are computed, not stored."""
+    if batchnorm != "auto":
+        return batchnorm
+    tensors = {t.name: t for t in proto.graph.initializer}
+    stats = []
+    for node in proto.graph.node:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for i, role in ((3, "running_mean"), (4, "running_var")):
+                stored = _stored(proto.graph, node.input[i], tensors)
+                if stored is not None:
+                    stats.append((role, read_array(stored, None)))
+    return "train" if not stats or untrained(stats) else "freeze"
+
+
+def _stored(graph: onnx.GraphProto, name: str, tensors: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The initializer ``name``, or the one a top-level Identity making it copies (TorchScript's
+    shared statistics), if either holds it."""
+    return tensors[name] if name in tensors else _identity_of_initializer(graph, name, tensors)
+
+
 def _identity_of_initializer(graph: onnx.GraphProto, name: str,
                              tensors: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
     """The initializer that a top-level Identity making ``name`` copies, if one does."""

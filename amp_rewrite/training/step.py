@@ -48,7 +48,13 @@ from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
-from amp_rewrite.training.modes import RunningStat, batchnorm_to_train_mode, dropout_to_train_mode, untrained
+from amp_rewrite.training.modes import (
+    BATCHNORM_MODES,
+    RunningStat,
+    batchnorm_mode,
+    batchnorm_to_train_mode,
+    dropout_to_train_mode,
+)
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
 from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
 
@@ -232,30 +238,6 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
 
 
-BATCHNORM_MODES = ("auto", "train", "freeze")
-
-
-def batchnorm_mode(proto: onnx.ModelProto, batchnorm: str) -> str:
-    """``batchnorm``, with "auto" resolved: "freeze" where some top-level BatchNormalization's
-    running statistics were trained (a pretrained model: fine-tuning keeps them, as Keras advises,
-    so a few small batches do not replace what the model learned on its data), "train" where
-    every one still holds its initial value (means 0, variances 1: a model never trained learns
-    them) or where they are computed, not stored."""
-    if batchnorm != "auto":
-        return batchnorm
-    stored = {t.name: t for t in proto.graph.initializer}
-    copied = {n.output[0]: n.input[0] for n in proto.graph.node  # TorchScript's shared statistics
-              if n.op_type == "Identity" and n.input and n.input[0] in stored}
-    stats = []
-    for node in proto.graph.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-            for i, role in ((3, "running_mean"), (4, "running_var")):
-                name = copied.get(node.input[i], node.input[i])
-                if name in stored:
-                    stats.append((role, read_array(stored[name], None)))
-    return "train" if not stats or untrained(stats) else "freeze"
-
-
 def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:
     """(shape, dtype) of every top-level tensor value on a run of ``sample`` (ONNX Runtime, in a
     child process), for the shapes onnx's inference cannot find; None where the run fails."""
@@ -294,7 +276,7 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
     set of generated inputs in turn (``samples.attempts``) until the model runs on one; where it
     runs on none, NOT RUN with the warning ``convert`` gives."""
     if settings.range_check == "off" or settings.calibrate:
-        return _measured_rewrite(proto, settings.validated())
+        return measured_rewrite(proto, settings.validated())
     names = set(samples.graph_inputs(proto))
     generated = ((attempt.samples, _GENERATED) for attempt in samples.attempts(proto, None, settings.seed))
     own: list[tuple[Sequence[Mapping[str, np.ndarray]], str]] = [(list(given), "the training data")] if given else []
@@ -304,19 +286,19 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
         if said == _GENERATED and labels is not None and measured[0][labels].dtype.kind == "i":
             measured[0][labels] = np.zeros_like(measured[0][labels])  # class 0 exists in every model
         try:
-            return _measured_rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated())
+            return measured_rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated())
         except UserError as exc:  # the model did not run on these (or they do not fit it): the next set may do
             if not str(exc).startswith(RANGE_CHECK_FAILED):
                 raise
             refused = refused or str(exc).removeprefix(RANGE_CHECK_FAILED).replace(CALIBRATION_DATA, said, 1)
-    analysis, stats = _measured_rewrite(proto, replace(settings, range_check="off").validated())
+    analysis, stats = measured_rewrite(proto, replace(settings, range_check="off").validated())
     analysis.range_check = f"NOT RUN: {refused}"
     analysis.notes.append(f"warning: NO RANGE WAS MEASURED: {refused}; the training step's values were not checked "
                           f"for overflow in {Precision(settings.validated().precision).value}")
     return analysis, stats
 
 
-def _measured_rewrite(proto: onnx.ModelProto, options: ConvertOptions):
+def measured_rewrite(proto: onnx.ModelProto, options: ConvertOptions):
     """``rewrite`` with ``options`` (validated), its range check measured by ONNX Runtime."""
     return rewrite(proto, options, None, meter=ranges.Meter.of(options.measurement, None))
 

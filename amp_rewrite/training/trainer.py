@@ -20,16 +20,18 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.inputs import samples
 from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.ir import io
+from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.sizes import iter_graphs
+from amp_rewrite.ir.specialize import RANDOM_OPS
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
-from amp_rewrite.runtime import instrument, ranges
+from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training import attribute_weights, constant_weights, float32_view
 from amp_rewrite.training.accumulation import COUNT
@@ -38,15 +40,14 @@ from amp_rewrite.training.graph_mode import CUDA, GRAPH_OPTIONS, FixedBinding, b
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.modes import RUNNING_ROLES
 from amp_rewrite.training.schedules import Schedule
-from amp_rewrite.training.step import TrainingStep
+from amp_rewrite.training.step import TrainingStep, measured_rewrite
 
 MODEL_STATE = ("param", *RUNNING_ROLES)
 """Carried roles that are initializers of the model (the rest is optimizer and scaler state)."""
 PROVIDER_DEFAULTS = {"CUDAExecutionProvider": {"arena_extend_strategy": "kSameAsRequested"}}
 """Provider options the step runs with unless the caller's say otherwise. CUDA's arena grows by
 powers of two by default; a step allocates the same buffers every time, so an arena grown by what
-it asks holds less: the seed CNN's mixed step at batch 256 on an H100 held 20.5 GB of device memory
-instead of 25.7, in the same 120.6 ms."""
+it asks holds less device memory in the same time (benchmarks/RESULTS.md, "Training steps on a GPU")."""
 SEARCH_STEPS = 24
 """How many times over a first step whose gradients overflow is taken again on its batch (the
 dynamic scale halving each time, from 2^16 down to 2^-8 at most) before training moves on."""
@@ -402,20 +403,20 @@ class Trainer:
         if any(n.op_type in RANDOM_OPS for graph in iter_graphs(exported.graph) for n in graph.node):
             return
         feeds = self.batching.take(data, self.spec.data, slice(0, rows))
+        elem = {v.name: v.type.tensor_type.elem_type for v in (*exported.graph.input, *exported.graph.output)}
+        given = {name: np.asarray(feeds[name], helper.tensor_dtype_to_np_dtype(elem[name])) if elem[name] in FLOAT_TYPES
+                 else feeds[name] for name in samples.graph_inputs(exported) if name in feeds}
         try:
             session = instrument.session(exported)
-            declared = {i.name: i.type for i in session.get_inputs()}
-            written = dict(zip((o.name for o in session.get_outputs()), session.run(None, {
-                name: np.asarray(feeds[name], _NUMPY.get(declared[name])) for name in declared if name in feeds})))
+            written = dict(zip((o.name for o in session.get_outputs()), session.run(None, given)))
         except Exception:  # the input model itself may be one ONNX Runtime refuses
             return
-        types = {o.name: o.type for o in session.get_outputs()}
         forward = instrument.session(self.with_weights(self.step_graph.forward))
-        names = [o.name for o in forward.get_outputs() if types.get(o.name) in _FLOAT_TOLERANCE]
+        names = [o.name for o in forward.get_outputs() if elem.get(o.name) in _EXPORT_RTOL and o.name in written]
         for name, want in zip(names, forward.run(names, feeds)):
             got = np.asarray(written[name], np.float64)
             scale = float(np.max(np.abs(want))) if np.size(want) else 0.0
-            if got.shape != np.shape(want) or np.any(np.abs(got - want) > _FLOAT_TOLERANCE[types[name]] * scale
+            if got.shape != np.shape(want) or np.any(np.abs(got - want) > _EXPORT_RTOL[elem[name]] * scale
                                                      + EXPORT_ATOL):
                 worst = float(np.max(np.abs(got - want))) if got.shape == np.shape(want) else float("nan")
                 raise UserError(f"the exported model's output {name!r} differs from the trained step's (largest "
@@ -427,24 +428,17 @@ class Trainer:
         view = onnx.ModelProto.FromString(self.step_graph.original.SerializeToString())
         float32_view.viewed(view)  # the float32 master weights go into the float32 model it rewrites
         proto = self.with_weights(view)
-        options = self.step_graph.options or ConvertOptions()
-        options = options.validated()
-        analysis, stats = rewrite(proto, options, None, meter=ranges.Meter.of(options.measurement, None))
+        analysis, stats = measured_rewrite(proto, (self.step_graph.options or ConvertOptions()).validated())
         io.save(proto, path, None)
         return build_report(analysis, stats)
 
 
-_FLOAT_TOLERANCE = {"tensor(float)": 1e-4, "tensor(double)": 1e-4, "tensor(float16)": 1e-2,
-                    "tensor(bfloat16)": 5e-2}
+_EXPORT_RTOL = {TensorProto.FLOAT: 1e-4, TensorProto.DOUBLE: 1e-4, TensorProto.FLOAT16: 1e-2,
+                TensorProto.BFLOAT16: 5e-2}
 """How far (relative to the output's largest magnitude) an exported model's output may stray from
 the trained forward's, by its type: the same computation in another graph form (float32 sums
 reordered), or rounded to the model's own float16."""
 EXPORT_ATOL = 1e-5
-RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                        "Bernoulli"})
-"""Ops whose outputs differ from run to run: a model holding one is not checked on export."""
-_NUMPY = {"tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(float)": np.float32}
-"""The array type an exported model's float input takes."""
 EPOCH_KEY = "__epoch__"
 """A checkpoint's array that holds the epoch it ends (``Trainer.save``)."""
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-5
