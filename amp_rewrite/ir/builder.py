@@ -22,6 +22,8 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.types import output_types, value_types
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
+LOW_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
+"""The float types narrower than float32, whose sums are taken in float32."""
 
 # Opset from which each op takes its axes as an input rather than an attribute.
 _AXES_AS_INPUT = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "ReduceMean": 18, "ReduceMax": 18,
@@ -141,6 +143,21 @@ class GraphBuilder:
         """Zeros of ``x``'s shape and element type."""
         return self.op("ConstantOfShape", self.op("Shape", x),
                        value=numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(self.types[x]))))
+
+    def ones(self, shape: str, like: str) -> str:
+        """Ones of the (int64 value) ``shape``, of ``like``'s element type."""
+        return self.op("ConstantOfShape", shape,
+                       value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(self.types[like]))))
+
+    def row_statistics(self, x: str, outputs: int, epsilon: float | None = None) -> list[str]:
+        """The Mean (and, ``outputs`` 2, the InvStdDev) of a LayerNormalization of ``x`` over its
+        axes from 2 on, with a unit scale: each (n, c)'s statistics, [N, C, 1, ...], accumulated
+        and returned in float32 whatever ``x``'s type (``stash_type`` 1)."""
+        _, *stats = self.ops("LayerNormalization", x, self.ones(self.op("Shape", x, start=2), x),
+                             outputs=1 + outputs, axis=2, epsilon=epsilon, stash_type=1)
+        for stat in stats:
+            self.types[stat] = TensorProto.FLOAT
+        return stats
 
     # -- opset-dependent forms ----------------------------------------------------------------------
     def axes_op(self, op_type: str, x: str, axes: list[int] | tuple[int, ...] | str | None, **attributes) -> str:

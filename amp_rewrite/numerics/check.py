@@ -27,11 +27,12 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir import io
+from amp_rewrite.ir.builder import LOW_TYPES
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import MIN_GROWTH, Suspect, localize
 from amp_rewrite.runtime import expose, instrument
-from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, LOW_TYPES, emulated
+from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.runtime.isolate import NativeFailure, isolated
 
 DEFAULT_PROVIDER = "CPUExecutionProvider"

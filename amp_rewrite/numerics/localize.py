@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from amp_rewrite.ir.builder import LOW_TYPES
 from amp_rewrite.ir.graph import ModelIndex, Node, Value, node_key
 from amp_rewrite.ir.types import typed_index
-from amp_rewrite.runtime.emulate import LOW_TYPES
 
 MIN_GROWTH = 1e-3
 """Relative-L2 error growth below this is rounding noise, not a suspect."""

@@ -15,12 +15,11 @@ import onnx
 import onnx.defs
 from onnx import AttributeProto, TensorProto, numpy_helper
 
-from amp_rewrite.ir.builder import GraphBuilder, Names
+from amp_rewrite.ir.builder import LOW_TYPES, GraphBuilder, Names
 from amp_rewrite.ir.graph import INITIALIZER, NODE, ModelIndex, PendingInserts, Value
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.policy.oplists import RETYPED_BY_ATTRIBUTE, op_key
 
-LOW_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 LOW_PRECISION_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider",
                                      "ROCMExecutionProvider", "DmlExecutionProvider"})
 """Providers that run float16 nodes in float16; elsewhere runs emulate by default."""

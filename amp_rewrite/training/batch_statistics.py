@@ -35,9 +35,8 @@ elsewhere.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from amp_rewrite.ir.builder import GraphBuilder
 
@@ -109,13 +108,8 @@ def _layer_norm(b: GraphBuilder, x: str, scale: str, bias: str, output: str, eps
     and the rewrite keeps everything downstream of a deny op float32 up to the next allow op (the
     BatchNormalization and the activation with it). The spread is written ``mean_c - mean_nc``: a
     Sub of a GlobalAveragePool's input minus its output reads as a written-out norm's mean."""
-    ones = b.op("ConstantOfShape", b.op("Shape", x, start=2),
-                value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(b.types[x]))))
-    _, row_mean, row_inv_std = b.ops("LayerNormalization", x, ones, outputs=3, axis=2, epsilon=epsilon,
-                                     stash_type=1)
+    row_mean, row_inv_std = b.row_statistics(x, 2, epsilon)
     swap = [2, 1, 0, *range(3, rank)]  # [N, C, 1, ...] -> [1, C, N, ...]
-    for stat in (row_mean, row_inv_std):
-        b.types[stat] = TensorProto.FLOAT  # stash_type 1
     per_row = row_mean
     row_mean, row_inv_std = (b.op("Transpose", v, perm=swap) for v in (row_mean, row_inv_std))
     row_var_eps = b.op("Div", b.const(1.0, like=row_mean), b.op("Mul", row_inv_std, row_inv_std))  # var_nc + eps

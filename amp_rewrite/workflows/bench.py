@@ -34,6 +34,7 @@ import onnx
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
+from amp_rewrite.ir.builder import LOW_TYPES
 from amp_rewrite.ir.graph import node_key
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.check import load_model
@@ -41,7 +42,6 @@ from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.measure_ranges import recorded_fp32
-from amp_rewrite.runtime.emulate import LOW_TYPES
 from amp_rewrite.runtime.timing import ASYNCHRONOUS, NodeTime, Timed, Timing, default_provider, time_models
 from amp_rewrite.workflows.analyze import analyze
 from amp_rewrite.workflows.convert import convert

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from amp_rewrite.autodiff.context import Context
 from amp_rewrite.autodiff.registry import register
@@ -48,12 +48,6 @@ def _spatial(ctx: Context, name: str) -> Dims | None:
 def _spatial_value(ctx: Context, name: str) -> str:
     """The extents of ``name``'s spatial axes as an int64 value."""
     return ctx.b.op("Shape", name, start=2)
-
-
-def _ones(ctx: Context, shape: str, like: str) -> str:
-    """Ones of the (int64 value) ``shape``, of ``like``'s element type."""
-    dtype = helper.tensor_dtype_to_np_dtype(ctx.b.types[like])
-    return ctx.b.op("ConstantOfShape", shape, value=numpy_helper.from_array(np.ones(1, dtype)))
 
 
 # -- window geometry ----------------------------------------------------------------------------------
@@ -343,7 +337,7 @@ def _inverse_divisors(ctx: Context, x: str, win: Window, spatial: Dims | None, o
     b = ctx.b
     shape = b.ints([1, 1, *spatial]) if spatial is not None else b.op("Concat", b.ints([1, 1]),
                                                                        _spatial_value(ctx, x), axis=0)
-    ones = _ones(ctx, shape, x)
+    ones = ctx.b.ones(shape, x)
     attrs = {a.name: helper.get_attribute_value(a) for a in ctx.node.attribute}
     ratio = b.op("AveragePool", ones, **attrs)
     end = [e + (s - 1 if ceil_mode else 0) for e, s in zip(win.end, win.strides)]

@@ -37,7 +37,7 @@ from onnx import TensorProto
 
 from amp_rewrite.autodiff.context import SLICE_END
 from amp_rewrite.errors import UserError
-from amp_rewrite.ir.builder import GraphBuilder
+from amp_rewrite.ir.builder import LOW_TYPES, GraphBuilder
 
 Dims = tuple[int, ...]
 
@@ -51,9 +51,6 @@ def checked(mode: str) -> str:
         raise UserError(f"conv_weight_grad {mode!r} is not one of {', '.join(MODES)}")
     return mode
 
-
-HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
-"""Operand types whose partial sums are cast to float32 before they are added."""
 
 # -- the rule's thresholds (from the training-speed plan's analysis, TRAINING-SPEED.md item 1; not measured) --
 SPLIT_MIN_SAMPLES = 16
@@ -198,7 +195,7 @@ def choose(shape: ConvShape, mode: str) -> Choice:
         return Choice(mode, "requested") if why is None else Choice("direct", f"{mode} does not apply: {why}")
     if not shape.static:
         return Choice("direct", "its shapes are not static")
-    if shape.elem_type not in (*HALF_TYPES, TensorProto.FLOAT):
+    if shape.elem_type not in (*LOW_TYPES, TensorProto.FLOAT):
         return Choice("direct", "no measurement or analysis covers this element type")
     if shape.macs < TINY_MACS:
         return Choice("direct", f"tiny ({shape.macs} multiply-adds < {TINY_MACS})")
@@ -338,7 +335,7 @@ def _widened(b: GraphBuilder, y: str, like: str) -> tuple[str, int | None]:
     """``y`` cast to float32 where ``like`` is float16 or bfloat16 (partial sums are added in
     float32); and the type to return the sum to (None: it already has it)."""
     elem = b.types.get(like)
-    if elem in HALF_TYPES:
+    if elem in LOW_TYPES:
         return b.op("Cast", y, to=TensorProto.FLOAT), elem
     return y, None
 

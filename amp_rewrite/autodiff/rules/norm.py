@@ -31,11 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from amp_rewrite.autodiff.context import Context, total
 from amp_rewrite.autodiff.registry import register
+from amp_rewrite.ir.builder import LOW_TYPES
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
@@ -245,20 +245,11 @@ def _channel_sums(ctx: Context, t: str, rank: int) -> str:
     before dividing). Elsewhere a ReduceSum in ``t``'s type."""
     b = ctx.b
     axes = [0, *range(2, rank)]
-    if rank < 3 or ctx.opset < 17 or not _narrow(ctx, t):
+    if rank < 3 or ctx.opset < 17 or b.types.get(t) not in LOW_TYPES:
         return b.reduce_sum(t, axes, keepdims=0)
-    ones = b.op("ConstantOfShape", b.op("Shape", t, start=2),
-                value=numpy_helper.from_array(np.ones(1, helper.tensor_dtype_to_np_dtype(b.types[t]))))
-    _, row_means = b.ops("LayerNormalization", t, ones, outputs=2, axis=2, stash_type=1)
-    b.types[row_means] = TensorProto.FLOAT  # stash_type 1
+    (row_means,) = b.row_statistics(t, 1)
     extent = b.op("Cast", b.op("Div", b.op("Size", t), b.op("Size", row_means)), to=b.types[row_means])
     return b.op("Mul", b.reduce_sum(row_means, axes, keepdims=0), extent)
-
-
-def _narrow(ctx: Context, t: str) -> bool:
-    """Whether ``t``'s element type is narrower than float32 (float16, bfloat16)."""
-    elem = ctx.b.types.get(t)
-    return elem is not None and np.dtype(helper.tensor_dtype_to_np_dtype(elem)).itemsize < 4
 
 
 @register("InstanceNormalization", since=6)
