@@ -29,7 +29,7 @@ its traceback) or a timeout.
 Whether train fine-tunes each model, in float32 and in float16 (amp-rewrite's Python as above):
 
     python benchmarks/sweep.py finetune --models MODELS --amp .venv/bin/amp-rewrite --out RESULTS.json
-        [--only FAMILY,...] [--match NAME,...] [--jobs 2] [--timeout 300] [--epochs 4] [--lr RATE]
+        [--only FAMILY,...] [--match NAME,...] [--jobs 2] [--timeout 600] [--epochs 4] [--lr RATE]
 
 Per model, data it can learn (``_ft_data``): its sample repeated to 32 samples (float inputs
 perturbed, integer ones such as token ids as they are), labels = the float32 model's first float
@@ -979,7 +979,7 @@ FT_SAMPLES = 32
 FT_MIN_STD = 0.01
 """The labels' offset is 0.5 x the output's std x noise, the std at least this: a random-weight model
 whose output is constant (features that vanish, a uniform softmax) gets an offset it can learn, not one of 1e-10."""
-UNTRAINED_STATISTICS = "running statistics hold their initial values"
+UNTRAINED_STATISTICS = "running statistics were never measured on data"
 """What train's warning on never-calibrated BatchNormalization statistics says."""
 FT_CLASSES = ("trained", "not improved", "refused", "crashed", "skipped")
 
@@ -1064,7 +1064,7 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
                    calibrate: bool = False) -> list[dict]:
     """Data for one model, then train in each precision and the trained model's mse, in a scratch directory.
     ``calibrate``: where train warned that the model's BatchNormalization statistics were never calibrated (a
-    random-weight export), calibrate them first (``train --lr 0``, ``FT_CALIBRATION_EPOCHS``) and fine-tune that
+    random-weight export), calibrate them first (``train --lr 0``, ``FT_CALIBRATION_STEPS``) and fine-tune that
     model instead, as one
     fine-tunes a pretrained model; the rows keep the uncalibrated run's class."""
     rel = str(model.relative_to(root))
@@ -1082,7 +1082,7 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
         sample = model.with_suffix(".sample.npz")  # the calibrated model's data: the same inputs
         if sample.exists():
             shutil.copyfile(sample, calibrated.with_suffix(".sample.npz"))
-        code, _, err, secs = run_one(_ft_train_cmd(amp, model, work, meta, "float32", FT_CALIBRATION_EPOCHS,
+        code, _, err, secs = run_one(_ft_train_cmd(amp, model, work, meta, "float32", _calibration_epochs(meta),
                                                    ["--lr", "0"], calibrated), timeout)
         meta = _ft_meta(calibrated, work, timeout) if code == 0 else {"skip": f"calibration (exit {code})"}
         if "skip" in meta:
@@ -1093,10 +1093,15 @@ def finetune_model(model: Path, root: Path, amp: str, timeout: float, epochs: in
                 zip(_ft_runs(calibrated, work, meta, base, amp, timeout, epochs, flags), rows)]
 
 
-FT_CALIBRATION_EPOCHS = 10
-"""Epochs of ``train --lr 0`` that calibrate never-calibrated BatchNormalization statistics: the weights stay,
-the running statistics move to the data's (the 40 steps of 32 samples in batches of 8 leave 0.9^40, under 2%,
-of the initial values at PyTorch's momentum)."""
+FT_CALIBRATION_STEPS = 40
+"""Steps of ``train --lr 0`` that calibrate never-calibrated BatchNormalization statistics: the weights stay,
+the running statistics move to the data's (40 steps leave 0.9^40, under 2%, of the initial values at PyTorch's
+momentum)."""
+
+
+def _calibration_epochs(meta: dict) -> int:
+    """Epochs of ``FT_CALIBRATION_STEPS`` steps at least, in batches of the model's batch."""
+    return -(-FT_CALIBRATION_STEPS * meta["batch"] // meta["samples"])
 
 
 def _ft_meta(model: Path, work: Path, timeout: float) -> dict:
@@ -1215,7 +1220,8 @@ def finetune(argv: list[str]) -> None:
     p.add_argument("--only", default="", help="only these exporter families (comma-separated)")
     p.add_argument("--match", default="", help="only models whose path contains one of these (comma-separated)")
     p.add_argument("--jobs", type=int, default=2, help="models at once")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per train")
+    p.add_argument("--timeout", type=float, default=600,
+                   help="seconds per train (a 224x224 network with a fixed batch of 1 takes 128 steps on 2 cores)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", help="train's --lr (default: train's own default)")
     p.add_argument("--batchnorm", choices=("auto", "train", "freeze"),

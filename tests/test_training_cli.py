@@ -283,13 +283,14 @@ def test_a_model_whose_batchnorm_statistics_were_never_calibrated_is_warned_of(t
     model = builders.seed_cnn(image_size=16, widths=(4, 4))
     for tensor in model.graph.initializer:
         for node in (n for n in model.graph.node if n.op_type == "BatchNormalization"):
-            if fresh and tensor.name in node.input[3:5]:
-                value = 0.0 if tensor.name == node.input[3] else 1.0
+            if tensor.name in node.input[3:5]:  # fresh: 0 and 1; else as measured on data, per channel
+                value = (0.0 if tensor.name == node.input[3] else 1.0) if fresh else \
+                    np.linspace(0.5, 1.5, tensor.dims[0], dtype=np.float32)
                 tensor.CopyFrom(numpy_helper.from_array(np.full(tensor.dims, value, np.float32), tensor.name))
     path, data = tmp_path / "m.onnx", tmp_path / "d.npz"
     onnx.save(model, path)
     np.savez(data, image=rng(1).normal(0, 1, (8, 3, 16, 16)).astype(np.float32), labels=np.arange(8) % 10)
     assert main(["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "probabilities",
                  "--batch-size", "4", "--precision", "float32", "-o", str(tmp_path / "t.onnx"), "--quiet"]) == 0
-    warned = "running statistics hold their initial values" in capsys.readouterr().err
+    warned = "running statistics were never measured on data" in capsys.readouterr().err
     assert warned == fresh

@@ -91,11 +91,12 @@ def run(args: argparse.Namespace) -> int:
     batching = Batching.parse(args.batch_axes, args.fixed)
     step = _built(args, _first_batch(train, batching, args.batch_size))
     if untrained([(c.role, step.initial[c.input]) for c in step.spec.carried if c.role in RUNNING_ROLES]):
-        print("amp-rewrite: warning: every BatchNormalization's running statistics hold their initial values "
-              "(means 0, variances 1): training replaces them with the data's, which moves the model's inference "
-              "outputs; --batchnorm freeze keeps them", file=sys.stderr)
+        print("amp-rewrite: warning: the BatchNormalization running statistics were never measured on data "
+              "(they hold their initial values, means 0 and variances 1, or one value per tensor): training "
+              "replaces them with the data's, which moves the model's inference outputs; --batchnorm freeze keeps "
+              "them", file=sys.stderr)
     train = _checked(step, train, args.data, batching)
-    updates = args.epochs * math.ceil(batching.count(train, step.spec.data) / args.batch_size) // args.accumulate
+    updates = args.epochs * math.ceil(batching.count(train, step.spec.given) / args.batch_size) // args.accumulate
     schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)
     evaluation = _checked(step, evaluation, args.eval, batching) if evaluation is not None else None
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
@@ -125,14 +126,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _checked(step, data: dict[str, np.ndarray], origin: str, batching: Batching) -> dict[str, np.ndarray]:
-    """The arrays the step reads, cast to its input types: present, of one length along their
-    sample axes, shaped as the model declares (but for the sample axis), and labels that fit
-    the loss."""
+    """The arrays the step reads (its string inputs' as the model reads them), cast to its input
+    types: present, of one length along their sample axes, shaped as the model declares (but for
+    the sample axis), and labels that fit the loss."""
     spec = step.spec
-    batching.count(data, spec.data, origin)
-    inputs = {i.name: i.type.tensor_type for i in step.model.graph.input}
+    batching.count(data, spec.given, origin)
+    inputs = {i.name: i.type.tensor_type for i in (*step.original.graph.input, *step.model.graph.input)}
     result = {}
-    for name in spec.data:
+    for name in spec.given:
         declared = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None  # 0: dynamic
                     for d in inputs[name].shape.dim]
         shape = data[name].shape

@@ -1,30 +1,33 @@
-"""Weights held in op attributes: ai.onnx.ml's linear models train.
+"""Weights held in op attributes: ai.onnx.ml's linear models and tree ensembles train.
 
 scikit-learn's converters write a logistic regression or a ridge as ai.onnx.ml's
 LinearClassifier / LinearRegressor, whose coefficients and intercepts are attributes, and
-often follow it with a Normalizer; none of them has a gradient. ``lowered`` rewrites each
-top-level node of those ops (in place) into standard ops computing what ONNX Runtime's kernel
-computes, with the coefficients and intercepts as float32 initializers named
-``<node>.coefficients`` / ``<node>.intercepts`` (``<node>``: the node's name, else its first
-output), so they train as any weight does. ``written_back`` puts trained values into the
-attributes of the original nodes: the trained model is the input model with new weights.
+often follow it with a Normalizer; a forest or a boosted ensemble (scikit-learn, XGBoost,
+LightGBM) as TreeEnsembleRegressor / TreeEnsembleClassifier, whose leaf values are attributes
+(``tree_leaves``); none of them has a gradient. ``lowered`` rewrites each top-level node of
+those ops (in place) into standard ops computing what ONNX Runtime's kernel computes, with the
+weights as float32 initializers named ``<node>.<attribute>`` (``<node>``: the node's name, else
+its first output), so they train as any weight does. ``written_back`` puts trained values into
+the attributes of the original nodes: the trained model is the input model with new weights.
 
-Invariant: after ``lowered``, no LinearClassifier, LinearRegressor or Normalizer node of a
-form it knows remains at the top level, every output keeps its name and meaning, and each
-lowered node's weights are initializers; a form it does not know (a PROBIT or SOFTMAX_ZERO
-post-transform, a classifier without intercepts) stays as it is and is refused where a
-gradient must pass through it.
+Invariant: after ``lowered``, no node of those ops of a form its lowering knows remains at the
+top level, every output keeps its name and meaning, and each lowered node's weights are
+initializers named after the attributes its ``Lowering`` trains; a form it does not know (a
+PROBIT post-transform, a linear classifier's SOFTMAX_ZERO or missing intercepts, a MIN
+aggregate) stays as it is and is refused where a gradient must pass through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.ir.builder import GraphBuilder, Names
+from amp_rewrite.training import tree_leaves
 
 ML_DOMAIN = "ai.onnx.ml"
 COEFFICIENTS, INTERCEPTS = "coefficients", "intercepts"
@@ -48,7 +51,7 @@ def lowered(model: onnx.ModelProto) -> list[str]:
     for node in graph.node:
         lowering = _LOWERINGS.get(node.op_type) if node.domain == ML_DOMAIN else None
         b = GraphBuilder(names, opset, prefix=f"{_base(node)}/")
-        weights = lowering(b, node) if lowering else None
+        weights = lowering.lower(b, node, _base(node)) if lowering else None
         if weights is None:
             kept.append(node)
             continue
@@ -63,13 +66,12 @@ def lowered(model: onnx.ModelProto) -> list[str]:
 
 def written_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
     """Put trained ``weights`` (by the names ``lowered`` gave) into the attributes of the
-    top-level nodes they came from (in place)."""
+    top-level nodes they came from (in place): the float lists their ``Lowering`` trains."""
     for node in model.graph.node:
-        if node.domain != ML_DOMAIN or node.op_type not in _LOWERINGS:
-            continue
+        trains = _LOWERINGS[node.op_type].trains if node.domain == ML_DOMAIN and node.op_type in _LOWERINGS else ()
         for attribute in node.attribute:
             trained = weights.get(f"{_base(node)}.{attribute.name}")
-            if attribute.name in (COEFFICIENTS, INTERCEPTS) and trained is not None:
+            if attribute.name in trains and trained is not None:
                 del attribute.floats[:]
                 attribute.floats.extend(np.asarray(trained, np.float32).ravel().tolist())
 
@@ -82,19 +84,19 @@ def _attributes(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _affine(b: GraphBuilder, node: onnx.NodeProto, rows: int) -> tuple[str, dict[str, np.ndarray]]:
+def _affine(b: GraphBuilder, node: onnx.NodeProto, base: str, rows: int) -> tuple[str, dict[str, np.ndarray]]:
     """X (as float32) times the coefficients ([rows, features]) transposed, plus the intercepts
     where the node has them: (the scores, the weights by initializer name)."""
     attributes = _attributes(node)
     coefficients = np.asarray(attributes[COEFFICIENTS], np.float32).reshape(rows, -1)
-    weights = {f"{_base(node)}.{COEFFICIENTS}": coefficients}
+    weights = {f"{base}.{COEFFICIENTS}": coefficients}
     if attributes.get(INTERCEPTS):
-        weights[f"{_base(node)}.{INTERCEPTS}"] = np.asarray(attributes[INTERCEPTS], np.float32)
+        weights[f"{base}.{INTERCEPTS}"] = np.asarray(attributes[INTERCEPTS], np.float32)
     x = b.op("Cast", node.input[0], to=TensorProto.FLOAT)
     return b.op("Gemm", x, *weights, transB=1), weights
 
 
-def _classifier(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] | None:
+def _classifier(b: GraphBuilder, node: onnx.NodeProto, base: str) -> dict[str, np.ndarray] | None:
     """LinearClassifier: labels by the highest score (or, with one score per row and two class
     labels, the second where the score is positive); the scores post-transformed, or with one
     score per row and two class labels, [1 - p, p] of its post-transformed p (ONNX Runtime's
@@ -105,7 +107,7 @@ def _classifier(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] 
     classes = attributes.get("classlabels_ints") or list(attributes.get("classlabels_strings") or [])
     if not intercepts or transform not in SCORE_TRANSFORMS or len(intercepts) == 1 and transform == "SOFTMAX":
         return None
-    raw, weights = _affine(b, node, len(intercepts))
+    raw, weights = _affine(b, node, base, len(intercepts))
     labels, scores = node.output[0], node.output[1] if len(node.output) > 1 else ""
     table = b.const(np.asarray(classes, object if attributes.get("classlabels_strings") else np.int64),
                     elem_type=TensorProto.STRING if attributes.get("classlabels_strings") else TensorProto.INT64)
@@ -123,17 +125,17 @@ def _classifier(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] 
     return weights
 
 
-def _regressor(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] | None:
+def _regressor(b: GraphBuilder, node: onnx.NodeProto, base: str) -> dict[str, np.ndarray] | None:
     """LinearRegressor without a post-transform: X times the coefficients plus the intercepts."""
     attributes = _attributes(node)
     if attributes.get("post_transform", b"NONE").decode() != "NONE":
         return None
-    raw, weights = _affine(b, node, int(attributes.get("targets", 1)))
+    raw, weights = _affine(b, node, base, int(attributes.get("targets", 1)))
     b.op("Identity", raw, outputs=[node.output[0]])
     return weights
 
 
-def _normalizer(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] | None:
+def _normalizer(b: GraphBuilder, node: onnx.NodeProto, base: str) -> dict[str, np.ndarray] | None:
     """Normalizer: each row divided by its L1, L2 or max norm."""
     norm = _attributes(node).get("norm", b"MAX").decode()
     if norm not in NORMS:
@@ -146,4 +148,19 @@ def _normalizer(b: GraphBuilder, node: onnx.NodeProto) -> dict[str, np.ndarray] 
     return {}
 
 
-_LOWERINGS = {"LinearClassifier": _classifier, "LinearRegressor": _regressor, "Normalizer": _normalizer}
+class Lowering(NamedTuple):
+    """One op's lowering: ``lower(builder, node, base)`` makes the nodes computing ``node``'s
+    outputs and returns its weights by initializer name (``<base>.<attribute>``), or None to leave
+    the node as it is; ``trains`` names the float-list attributes those weights hold."""
+
+    lower: Callable[[GraphBuilder, onnx.NodeProto, str], dict[str, np.ndarray] | None]
+    trains: tuple[str, ...] = ()
+
+
+_LOWERINGS = {
+    "LinearClassifier": Lowering(_classifier, (COEFFICIENTS, INTERCEPTS)),
+    "LinearRegressor": Lowering(_regressor, (COEFFICIENTS, INTERCEPTS)),
+    "Normalizer": Lowering(_normalizer),
+    "TreeEnsembleRegressor": Lowering(tree_leaves.regressor, tree_leaves.REGRESSOR_WEIGHTS),
+    "TreeEnsembleClassifier": Lowering(tree_leaves.classifier, tree_leaves.CLASSIFIER_WEIGHTS),
+}

@@ -109,6 +109,18 @@ def attach_loss(proto: onnx.ModelProto, kind: str, output: str, labels: str) -> 
     return AttachedLoss(loss_name, labels, b.types[labels], output)
 
 
+def probability_input(index, value) -> tuple[str, str] | None:
+    """Where ``value`` (possibly None) holds probabilities: ("Softmax", its input) for a softmax in
+    any spelling, ("Sigmoid", its input) for a sigmoid, possibly reshaped after; None otherwise."""
+    if value is None:
+        return None
+    found = _softmax_input(index, value)
+    if found is not None:
+        return "Softmax", found[0]
+    sigmoid = _behind(index, value, "Sigmoid")
+    return None if sigmoid is None else ("Sigmoid", sigmoid[0].proto.input[0])
+
+
 def _behind(index, value, op_type: str) -> tuple[Node, list[Node]] | None:
     """(the ``op_type`` node the value comes from, the reshapes between them, first to last), or None."""
     chain = []

@@ -45,11 +45,17 @@ class RunningStat:
 
 
 def untrained(stats: list[tuple[str, np.ndarray]]) -> bool:
-    """Whether every running statistic of ``stats`` ((role, value) pairs) holds its initial value
-    (means 0, variances 1): a model exported before it saw data, or never calibrated. Training
+    """Whether the running statistics of ``stats`` ((role, value) pairs) were never measured on
+    data: every one holds its initial value (means 0, variances 1: a model exported before it saw
+    data), or every one holds a single value across its channels while some has several (the
+    placeholders of a test model; statistics measured on data differ between channels). Training
     on batch statistics then replaces them with the data's, and the inference outputs move far
     from the given model's even where the training loss falls."""
-    return bool(stats) and all(np.all(value == (0.0 if role == "running_mean" else 1.0)) for role, value in stats)
+    if not stats:
+        return False
+    initial = all(np.all(value == (0.0 if role == "running_mean" else 1.0)) for role, value in stats)
+    uniform = all(np.all(value == value.flat[0]) for _, value in stats if value.size)
+    return initial or uniform and any(value.size > 1 for _, value in stats)
 
 
 def batchnorm_to_train_mode(proto: onnx.ModelProto) -> list[RunningStat]:
@@ -133,8 +139,8 @@ def batchnorm_mode(proto: onnx.ModelProto, batchnorm: str) -> str:
     """``batchnorm``, with "auto" resolved: "freeze" where some top-level BatchNormalization's
     running statistics were trained (a pretrained model: fine-tuning keeps them, as Keras advises,
     so a few small batches do not replace what the model learned on its data), "train" where
-    every one still holds its initial value (means 0, variances 1: a model never trained learns
-    them) or where they are computed, not stored."""
+    none was measured on data (``untrained``: a model never trained learns them) or where they are
+    computed, not stored."""
     if batchnorm != "auto":
         return batchnorm
     tensors = {t.name: t for t in proto.graph.initializer}

@@ -45,7 +45,7 @@ from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.training import attribute_weights, constant_weights, float32_view
+from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import (
@@ -56,6 +56,7 @@ from amp_rewrite.training.modes import (
     dropout_to_train_mode,
 )
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
+from amp_rewrite.training.resolution import check_resolved, logits
 from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
 
 PRECISIONS = ("float16", "bfloat16", "float32")
@@ -102,10 +103,19 @@ class StepSpec:
     """The data extents a specialized step takes (``build(specialize=...)``); None: any."""
     accumulate: int = 1
     """The micro-batches (steps) that make one update (``accumulation``)."""
+    strings: list[str] = field(default_factory=list)
+    """The model's string inputs that the encoder (``TrainingStep.encoder``) reads: the step does not."""
+    encoded: list[str] = field(default_factory=list)
+    """The data inputs the encoder makes of them (``encoders``)."""
 
     @property
     def params(self) -> list[Carried]:
         return [c for c in self.carried if c.role == "param"]
+
+    @property
+    def given(self) -> list[str]:
+        """The arrays the user's data holds: the data inputs, the ``encoded`` ones as the ``strings``."""
+        return [name for name in self.data if name not in self.encoded] + self.strings
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -125,6 +135,8 @@ class TrainingStep:
     """The mixed-precision rewrite's report (None for float32)."""
     options: ConvertOptions | None = None
     """The rewrite's options (None for float32): ``Trainer.export_mixed`` rewrites with them."""
+    encoder: onnx.ModelProto | None = None
+    """The model's encoders of its string inputs, run ahead of the step (``encoders.split``); None: none."""
 
 
 def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
@@ -155,7 +167,9 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     ``range_data`` is given, the step is specialized to its first sample's extents by itself.
     ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``).
     ``conv_weight_grad``: how Conv weight gradients are formulated (``add_backward``'s option:
-    "direct", "auto", or a formulation forced where it applies)."""
+    "direct", "auto", or a formulation forced where it applies). String inputs: their encoders
+    run ahead of the step (``encoders``), which reads what they make; ``range_data`` and
+    ``specialize`` name the strings, as the user's data does."""
     arguments = dict(locals())
     try:
         return _build(**arguments)
@@ -189,18 +203,20 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     constant_weights.lift(proto)
     attribute_weights.lowered(proto)  # ai.onnx.ml's linear models, their weights as initializers
     float32_view.viewed(proto)  # a float16, bfloat16 or float64 model trains in float32
-    range_data = [{name: float32_view.as_float32(array) for name, array in sample.items()} for sample in range_data]
     # the model's own float tensors: values specialization folds (a zero recurrent state of a
     # run-time batch) are constants of the step, never parameters
     weights = {t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES}
+    encoder = encoders.split(proto, weights)  # ONNX Runtime binds no string tensor to a session's inputs
+    encoding = encoders.Encoding(encoder)
+    if specialize is not None:
+        specialize = encoding.extents(specialize, range_data[0] if range_data else None)
+    range_data = [{name: float32_view.as_float32(array) for name, array in encoding(sample).items()}
+                  for sample in range_data]
     if loss in LOSSES and output is None:
         raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
-    strings = [name for name, info in samples.graph_inputs(proto).items()
-               if info.type.tensor_type.elem_type == TensorProto.STRING]
-    if strings:  # ONNX Runtime binds no string tensor to a session's inputs
-        raise UserError(f"input {strings[0]!r} holds strings: the training step takes numbers only (encode the "
-                        f"strings, as the model's own encoder does, into the data)")
     kind = loss if loss in LOSSES else None
+    if kind and range_data:  # probabilities past float32's resolution train to nothing: say so first
+        check_resolved(logits(proto, output, range_data[0]))
     forward, loss, labels_name = _with_loss(proto, loss, output, labels)
     if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded
         inputs = samples.graph_inputs(proto)
@@ -234,8 +250,9 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
-                    if specialize is not None else None, accumulate=accumulate)
-    return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None)
+                    if specialize is not None else None, accumulate=accumulate, strings=encoding.strings,
+                    encoded=encoding.encoded)
+    return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None, encoder)
 
 
 def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:
@@ -431,8 +448,12 @@ def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dic
 
 
 def save(step: TrainingStep, path: str | os.PathLike) -> None:
-    """Write the step graph, its description (``.json``) and its first values (``.init.npz``)."""
+    """Write the step graph, its description (``.json``), its first values (``.init.npz``) and
+    the encoder of the string inputs where the model has one (``.encoder.onnx``: ``StepSpec.strings``
+    in, ``StepSpec.encoded`` out)."""
     stem = os.fspath(path)
+    if step.encoder is not None:
+        io.save(step.encoder, stem + ".encoder.onnx", None)
     with open(stem + ".init.npz.part", "wb") as sink:
         np.savez(sink, **step.initial)  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle too
     io.save_text(Path(stem + ".json"), step.spec.to_json())

@@ -33,7 +33,7 @@ from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
-from amp_rewrite.training import attribute_weights, constant_weights, float32_view
+from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.graph_mode import CUDA, GRAPH_OPTIONS, FixedBinding, bind_carried, note_refused, wanted
@@ -92,6 +92,9 @@ class Trainer:
         self.lr, self.weight_decay = lr, weight_decay
         self.batching = batching or Batching()
         """Where the data arrays hold their samples (``fit``, ``evaluate``)."""
+        self.encoding = encoders.Encoding(step.encoder)
+        """The model's encoders of its string inputs: every array of strings given is run through
+        them before the step, ``evaluate`` or ``check_loss`` sees it (``training.encoders``)."""
         self.provider = provider
         self.device = "cuda" if provider == "CUDAExecutionProvider" else "cpu"
         provider_options = {**PROVIDER_DEFAULTS.get(provider, {}), **(provider_options or {})}
@@ -144,7 +147,8 @@ class Trainer:
     def step(self, batch: Mapping[str, np.ndarray]) -> StepResult:
         """One training step on ``batch`` (arrays keyed by the step's data inputs; an input given
         as an ``onnxruntime.OrtValue``, from ``device_batch``, is read where it lies, uncopied, or in
-        graph mode copied on the device into its fixed buffer)."""
+        graph mode copied on the device into its fixed buffer; string inputs as arrays of str)."""
+        batch = self.encoding(batch)
         missing = [name for name in self.spec.data if name not in batch]
         if missing:
             raise UserError(f"the batch lacks {', '.join(missing)}")
@@ -200,7 +204,7 @@ class Trainer:
     def device_batch(self, batch: Mapping[str, np.ndarray]) -> dict:
         """``batch`` copied to the step's device once, for steps that reuse it (a benchmark, data
         that fits on the device)."""
-        return {name: self._device_value(array) for name, array in batch.items()}
+        return {name: self._device_value(array) for name, array in self.encoding(batch).items()}
 
     def value(self, name: str) -> np.ndarray:
         """The current value of a carried input (a weight, an optimizer state, the scale), copied: the
@@ -227,6 +231,7 @@ class Trainer:
         trainer at each step. ``checkpoints``: a folder that gets ``epoch-N.npz`` after each
         epoch (``save``). ``keep_best``: with ``eval_data``, the weights end as they were after
         the epoch of the lowest evaluation loss."""
+        data = self.encoding(data)
         count = self.batching.count(data, self.spec.data)
         history = History()
         live = progress and sys.stderr.isatty()
@@ -330,7 +335,7 @@ class Trainer:
         if (spec.loss_kind is None or spec.labels is None  # (a standard loss has its labels)
                 or self.batching.axis(spec.labels) != 0 or spec.labels in self.batching.fixed):
             return  # the reference reads samples on axis 0
-        feeds = self.batching.take(data, spec.data, slice(0, rows))
+        feeds = self.batching.take(self.encoding(data), spec.data, slice(0, rows))
         session = instrument.session(self.with_weights(self.step_graph.forward))
         with instrument.refusals("the model", "CPUExecutionProvider"):
             (output,) = session.run([spec.loss_output], feeds)
@@ -354,6 +359,7 @@ class Trainer:
         session = instrument.session(self.with_weights(self.step_graph.forward))
         names = [self.spec.loss, *self.spec.outputs[:1]]
         inputs = self.spec.data
+        data = self.encoding(data)
         count = self.batching.count(data, inputs)
         total, correct = 0.0, 0
         labels = self.spec.labels
@@ -388,7 +394,7 @@ class Trainer:
     def export(self, path, check_on: Mapping[str, np.ndarray] | None = None) -> None:
         """The input model, graph unchanged, with the trained weights (in each weight's own type);
         ``check_on``: data whose first samples the written model must compute as the trained step's
-        forward does (``check_export``), else a UserError and nothing written."""
+        forward does (``check_export``; its strings as they are), else a UserError and nothing written."""
         exported = self.with_weights(self.step_graph.original)
         if check_on is not None:
             self.check_export(exported, check_on)
@@ -399,10 +405,11 @@ class Trainer:
         initializers, Constant nodes, ai.onnx.ml attributes, float16 or float64 tensors, a fused
         ONNX Runtime graph) computes on ``rows`` samples of ``data`` the float outputs the trained
         forward computes: a UserError naming the output where they disagree. A model with random
-        ops, or one ONNX Runtime cannot run, is not checked."""
+        ops, or one ONNX Runtime cannot run, is not checked. ``data`` holds the model's string inputs
+        as strings: the exported model reads them, the forward what the encoder makes of them."""
         if any(n.op_type in RANDOM_OPS for graph in iter_graphs(exported.graph) for n in graph.node):
             return
-        feeds = self.batching.take(data, self.spec.data, slice(0, rows))
+        feeds = self.batching.take(data, self.spec.given, slice(0, rows))
         elem = {v.name: v.type.tensor_type.elem_type for v in (*exported.graph.input, *exported.graph.output)}
         given = {name: np.asarray(feeds[name], helper.tensor_dtype_to_np_dtype(elem[name])) if elem[name] in FLOAT_TYPES
                  else feeds[name] for name in samples.graph_inputs(exported) if name in feeds}
@@ -413,7 +420,7 @@ class Trainer:
             return
         forward = instrument.session(self.with_weights(self.step_graph.forward))
         names = [o.name for o in forward.get_outputs() if elem.get(o.name) in _EXPORT_RTOL and o.name in written]
-        for name, want in zip(names, forward.run(names, feeds)):
+        for name, want in zip(names, forward.run(names, dict(self.encoding(feeds)))):
             got = np.asarray(written[name], np.float64)
             scale = float(np.max(np.abs(want))) if np.size(want) else 0.0
             if got.shape != np.shape(want) or np.any(np.abs(got - want) > _EXPORT_RTOL[elem[name]] * scale
