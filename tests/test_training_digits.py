@@ -1,11 +1,12 @@
 """Training on real data shipped with a package (scikit-learn's digits) through ``amp-rewrite
 train``: an MLP and a small CNN shaped like the seed CNN reach the same test accuracy in
-float16 as in float32 (within one point)."""
+float16 as in float32 (within one point, averaged over the last three epochs)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 
@@ -42,7 +43,9 @@ def _train(tmp_path, name: str, precision: str) -> dict:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_float16_reaches_float32_accuracy(tmp_path, name):
     results = {p: _train(tmp_path, name, p) for p in ("float32", "float16")}
-    accuracy = {p: r["epochs"][-1]["eval"]["accuracy"] for p, r in results.items()}
+    # the mean of the last epochs: the seed CNN learns its BatchNormalization statistics (it was never
+    # trained), and one epoch's running statistics move the evaluation accuracy by about a point
+    accuracy = {p: float(np.mean([e["eval"]["accuracy"] for e in r["epochs"][-3:]])) for p, r in results.items()}
     assert accuracy["float32"] > 0.9, accuracy
     assert abs(accuracy["float16"] - accuracy["float32"]) <= 0.01, accuracy
     assert results["float16"]["epochs"][-1]["loss"] < results["float16"]["epochs"][0]["loss"]
