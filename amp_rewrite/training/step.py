@@ -47,6 +47,7 @@ from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
+from amp_rewrite.training.gradient_stops import why_no_weights
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import (
     BATCHNORM_MODES,
@@ -233,8 +234,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     try:
         found = [name for name in default_parameters(proto, loss) if name in weights]
     except NoParameters:
-        raise UserError(f"the loss {loss!r} depends on no trainable weight: nothing to train (tree ensembles, k-NN "
-                        f"and SVMs keep their parameters in op attributes, which have no gradient)") from None
+        raise UserError(why_no_weights(proto, loss)) from None
     names = _selected(proto, params if params is not None else found, train, freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
