@@ -7,8 +7,9 @@ only those on a path from a target to a seed through differentiable inputs;
 gradient contributions to a value read by several nodes are summed with one
 ``Sum``; rules read the forward's own values (nothing is recomputed). Values
 that are not float (shapes, indices, masks) carry no gradient, so integer and
-shape paths need no rule. ``check`` finds every op without a rule, subgraph
-bodies included, before anything is built.
+shape paths need no rule; the one exception is the integer output of an op
+whose rule is ``straight_through`` (QuantizeLinear's). ``check`` finds every
+op without a rule, subgraph bodies included, before anything is built.
 """
 
 from __future__ import annotations
@@ -73,8 +74,16 @@ class Backward:
     def is_float(self, key: ValueKey) -> bool:
         return self.index.values[key].elem_type in FLOAT_TYPES
 
+    def carries_gradient(self, key: ValueKey) -> bool:
+        """A float value, or an integer one made by an op whose rule is ``straight_through``."""
+        if self.is_float(key):
+            return True
+        producer = self.index.producer_node(self.index.values[key])
+        rule = self.rule(producer) if producer is not None else None
+        return rule is not None and rule.straight_through
+
     def differentiable(self, node: Node, i: int, key: ValueKey | None) -> bool:
-        if key is None or not self.is_float(key):
+        if key is None or not self.carries_gradient(key):
             return False
         rule = self.rule(node)
         return rule is None or not (rule.zero or i in rule.constant)
@@ -115,7 +124,7 @@ class Backward:
         for node in nodes:
             keys = self.input_keys(node)
             if any(k in active and self.differentiable(node, i, k) for i, k in enumerate(keys)):
-                active.update(k for k in node.outputs if k is not None and self.is_float(k))
+                active.update(k for k in node.outputs if k is not None and self.carries_gradient(k))
         needed = set(seeds)
         chosen = []
         for node in reversed(nodes):

@@ -40,6 +40,10 @@ class Rule:
     """Float inputs that carry no gradient (bounds, exponents, statistics)."""
     zero: bool = False
     """The op's float outputs are piecewise constant in its inputs: no gradient flows."""
+    straight_through: bool = False
+    """The op's integer outputs stand for real numbers (QuantizeLinear's): gradients flow through
+    them as through floats, the rounding taken as the identity (a straight-through estimator);
+    ``GO`` and the ``GI`` of such an input are then float, typed like the values they meet."""
 
     def covers(self, opset: int) -> bool:
         return self.since <= opset and (self.until is None or opset <= self.until)
@@ -49,12 +53,12 @@ _RULES: dict[tuple[str, str], list[Rule]] = {}
 
 
 def register(*ops: str, domain: str = "", since: int = 1, until: int | None = None,
-             constant: tuple[int, ...] = ()) -> Callable:
+             constant: tuple[int, ...] = (), straight_through: bool = False) -> Callable:
     """Decorator: ``build(ctx) -> GI`` is the gradient rule of ``ops`` over an opset range."""
 
     def add(build: Callable[..., GradientMap]) -> Callable[..., GradientMap]:
         for op in ops:
-            _add(Rule(op, domain, since, until, build, frozenset(constant)))
+            _add(Rule(op, domain, since, until, build, frozenset(constant), straight_through=straight_through))
         return build
 
     return add

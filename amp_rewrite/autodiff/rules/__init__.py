@@ -8,6 +8,7 @@ from amp_rewrite.autodiff.rules import (  # noqa: F401
     movement,
     norm,
     pad,
+    quantize,
     reduce,
     resize,
 )
