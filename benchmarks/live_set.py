@@ -18,69 +18,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import onnx
-from onnx import helper
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from amp_rewrite.ir.sizes import ValueSizes  # noqa: E402
-from amp_rewrite.ir.types import typed_index  # noqa: E402
+from amp_rewrite.ir.liveness import planned  # noqa: E402
 from models import builders  # noqa: E402
-
-
-def planned(model: onnx.ModelProto, top: int) -> dict:
-    """Kept bytes, the live set's peak (bytes, the node where it is reached) and its largest
-    values, of ``model``'s top-level graph in its order."""
-    index = typed_index(model)
-    sizes = ValueSizes(index)
-    graph = model.graph
-    unknown: list[str] = []
-
-    def nbytes(name: str) -> int:
-        value = index.values.get((0, name))
-        if value is None or value.elem_type == 0:
-            unknown.append(name)
-            return 0
-        shape = sizes.shape(value)
-        if shape is None or any(not isinstance(d, int) for d in shape):
-            unknown.append(name)
-        count = sizes.elements(value)
-        return count * helper.tensor_dtype_to_np_dtype(value.elem_type).itemsize
-
-    kept = sum(nbytes(i.name) for i in graph.input) + sum(nbytes(t.name) for t in graph.initializer)
-    outputs = {o.name for o in graph.output}
-    last: dict[str, int] = {}
-    for position, node in enumerate(graph.node):
-        for name in node.input:
-            last[name] = position
-    born: dict[str, int] = {}
-    for position, node in enumerate(graph.node):
-        for name in node.output:
-            if name:
-                born[name] = position
-    size = {name: nbytes(name) for name in born}
-    ends = {name: len(graph.node) if name in outputs else last.get(name, position) for name, position in born.items()}
-    deaths: dict[int, list[str]] = {}
-    for name, end in ends.items():
-        deaths.setdefault(end, []).append(name)
-    live: set[str] = set()
-    current = peak = peak_at = 0
-    peak_values: list[str] = []
-    for position, node in enumerate(graph.node):
-        for name in node.output:
-            if name:
-                live.add(name)
-                current += size[name]
-        if current > peak:
-            peak, peak_at, peak_values = current, position, sorted(live, key=lambda n: -size[n])[:top]
-        for name in deaths.get(position, []):
-            live.discard(name)
-            current -= size[name]
-    node = graph.node[peak_at] if graph.node else None
-    return {"kept": kept, "peak": peak, "at": f"{node.op_type} {node.name}" if node else "",
-            "largest": [(name, size[name]) for name in peak_values], "nodes": len(graph.node),
-            "unknown": len(set(unknown))}
 
 
 def main() -> None:

@@ -73,9 +73,10 @@ def _device_mib(before: int | None) -> float | None:
 
 
 def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, batchnorm: str, where: str,
-        provider_options: dict[str, str], conv_weight_grad: str = "direct", graph_mode: str = "auto") -> dict:
-    """One configuration's step time; ``conv_weight_grad`` and ``graph_mode`` as ``train`` takes them
-    (graph mode: the step built for the batch's extents, on by default on CUDA)."""
+        provider_options: dict[str, str], conv_weight_grad: str = "direct", graph_mode: str = "auto",
+        flat_state: str = "off") -> dict:
+    """One configuration's step time; ``conv_weight_grad``, ``graph_mode`` and ``flat_state`` as ``train``
+    takes them (graph mode: the step built for the batch's extents, on by default on CUDA)."""
     from amp_rewrite.training import build
     from amp_rewrite.training.graph_mode import MODES, fixed_extents
     from amp_rewrite.training.trainer import Trainer
@@ -84,7 +85,7 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     model = builders.seed_cnn(image_size=image_size)
     graphs = fixed_extents(MODES[graph_mode], where)
     step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
-                 precision=precision, batchnorm=batchnorm, conv_weight_grad=conv_weight_grad,
+                 precision=precision, batchnorm=batchnorm, conv_weight_grad=conv_weight_grad, flat_state=flat_state,
                  specialize={"image": [batch, 3, image_size, image_size]} if graphs else None)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).
     trainer = Trainer(step, provider=where, lr=1e-3, emulate=False, provider_options=provider_options,
@@ -156,6 +157,8 @@ def main() -> None:
                         "unless direct: not written)")
     parser.add_argument("--graph-mode", choices=["auto", "on", "off"], default="auto",
                         help="train's option of that name (a diagnosis unless auto: not written)")
+    parser.add_argument("--flat-state", choices=["off", "on"], default="off",
+                        help="train's option of that name (a diagnosis unless off: not written)")
     parser.add_argument("--precisions", default="float32,float16", help="of the steps (a subset: not written)")
     parser.add_argument("--backends", default="onnx,torch", help="onnx, torch (a subset: not written)")
     parser.add_argument("--one", nargs=2, metavar=("BATCH", "PRECISION"), help=argparse.SUPPRESS)
@@ -166,7 +169,7 @@ def main() -> None:
         batch, precision = int(args.one[0]), args.one[1]
         print(json.dumps(torch_one(batch, precision, args.image_size, args.warmup, args.steps) if args.torch else
                          one(batch, precision, args.image_size, args.warmup, args.steps, args.batchnorm, provider(),
-                             provider_options, args.conv_weight_grad, args.graph_mode)))
+                             provider_options, args.conv_weight_grad, args.graph_mode, args.flat_state)))
         return
     where = provider()
     warmup, steps = args.warmup or STEPS[where][0], args.steps or STEPS[where][1]
@@ -199,6 +202,7 @@ def main() -> None:
                            str(args.image_size), "--warmup", str(warmup), "--steps", str(steps),
                            "--batchnorm", args.batchnorm, *(f"--provider-option={o}" for o in args.provider_option),
                            "--conv-weight-grad", args.conv_weight_grad, "--graph-mode", args.graph_mode,
+                           "--flat-state", args.flat_state,
                            *(["--torch"] if backend == "torch" else [])]
                 row[backend, precision] = results.child(command, timeout=CHILD_TIMEOUT)
         fp32, mixed, amp = (row.get(key) for key in (("onnx", "float32"), ("onnx", "float16"), ("torch", "float16")))
@@ -220,7 +224,7 @@ def main() -> None:
         print(rows[batch], flush=True)
     lines += [rows[b] for b in sorted(rows)]
     defaults = all(getattr(args, key) == parser.get_default(key) for key in
-                   ("batchnorm", "precisions", "backends", "conv_weight_grad", "graph_mode"))
+                   ("batchnorm", "precisions", "backends", "conv_weight_grad", "graph_mode", "flat_state"))
     if defaults and not provider_options:
         results.write(sections={SECTIONS[where]: lines})
     if args.out:

@@ -114,3 +114,6 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--conv-weight-grad", default="direct", metavar="direct|auto|grouped|transposed|im2col",
                        help="how Conv weight gradients are formulated: direct (default), auto (chosen by shape "
                             "for the GPU), or grouped, transposed, im2col where each applies")
+    group.add_argument("--flat-state", choices=("off", "on"), default="off",
+                       help="on: the update over one flat float32 buffer per optimizer state (every term one node "
+                            "for all parameters: fewer GPU launches, the same numbers); off (default): per parameter")

@@ -29,7 +29,8 @@ def build_step(args: argparse.Namespace, range_data=(), specialize=None):
                  precision=args.precision, loss_scale=args.loss_scale, options=convert_options(args),
                  output=args.output, labels=args.labels, batchnorm=args.batchnorm, range_data=range_data,
                  train=args.train_patterns, freeze=args.freeze_patterns, clip_norm=args.clip_norm,
-                 accumulate=args.accumulate, specialize=specialize, conv_weight_grad=args.conv_weight_grad)
+                 accumulate=args.accumulate, specialize=specialize, conv_weight_grad=args.conv_weight_grad,
+                 flat_state=args.flat_state)
     for note in step.report.notes if step.report else ():
         if note.startswith("warning:"):
             print(f"amp-rewrite: {note}", file=sys.stderr)

@@ -92,12 +92,12 @@ def optimizer(spec: str | SGD | AdamW) -> SGD | AdamW:
     return OPTIMIZERS[spec]()
 
 
-def clipped_by_global_norm(b: GraphBuilder, grads: list[str], max_norm: float) -> list[str]:
+def clipped_by_global_norm(b: GraphBuilder, grads: list[str], squares: list[str], max_norm: float) -> list[str]:
     """The float32 gradients scaled by ``min(1, max_norm / (norm + 1e-6))``, their global L2 norm
-    taken over all of them together (``torch.nn.utils.clip_grad_norm_``). After unscaling: an
-    inf or NaN gradient (a skipped step) makes the factor 0 or NaN, and the step keeps its
-    old values anyway."""
-    squares = [b.axes_op("ReduceSum", b.op("Mul", g, g), None, keepdims=0) for g in grads]
+    taken over all of them together (``torch.nn.utils.clip_grad_norm_``): the square root of the
+    sum of ``squares``, each parameter's sum of its squared gradient (``flat_state.Group.square_sums``),
+    added in order. After unscaling: an inf or NaN gradient (a skipped step) makes the factor 0 or
+    NaN, and the step keeps its old values anyway."""
     norm = b.op("Sqrt", squares[0] if len(squares) == 1 else b.op("Sum", *squares))
     factor = b.op("Min", b.const(1.0, like=norm),
                   b.op("Div", b.const(float(max_norm), like=norm), b.op("Add", norm, b.const(1e-6, like=norm))))

@@ -47,6 +47,8 @@ from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
+from amp_rewrite.training.flat_state import checked as checked_flat_state
+from amp_rewrite.training.flat_state import groups
 from amp_rewrite.training.gradient_stops import why_no_weights
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import (
@@ -77,7 +79,7 @@ class Carried:
     role: str = "param"
     """"param", an optimizer state ("momentum", "exp_avg"...), "scale", "clean_steps" or "step"."""
     of: str | None = None
-    """The parameter an optimizer state belongs to."""
+    """The parameter an optimizer state or gradient sum belongs to (None for a flat buffer: ``StepSpec.flat``)."""
 
 
 @dataclass
@@ -108,6 +110,9 @@ class StepSpec:
     """The model's string inputs that the encoder (``TrainingStep.encoder``) reads: the step does not."""
     encoded: list[str] = field(default_factory=list)
     """The data inputs the encoder makes of them (``encoders``)."""
+    flat: list[str] = field(default_factory=list)
+    """The parameters whose optimizer states and gradient sums the flat buffers (``build(flat_state="on")``)
+    hold, each flattened (row-major), one after another in this order; empty: each has its own."""
 
     @property
     def params(self) -> list[Carried]:
@@ -146,7 +151,7 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
           batchnorm: str = "auto", range_data: Sequence[Mapping[str, np.ndarray]] = (),
           train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
           specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1,
-          conv_weight_grad: str = "direct") -> TrainingStep:
+          conv_weight_grad: str = "direct", flat_state: str = "off") -> TrainingStep:
     """The training step of ``model`` (of its float32 view where its floats are another type:
     ``float32_view``). ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
@@ -168,7 +173,10 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     ``range_data`` is given, the step is specialized to its first sample's extents by itself.
     ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``).
     ``conv_weight_grad``: how Conv weight gradients are formulated (``add_backward``'s option:
-    "direct", "auto", or a formulation forced where it applies). String inputs: their encoders
+    "direct", "auto", or a formulation forced where it applies). ``flat_state``: "off" (each
+    parameter's gradient, optimizer states and gradient sum are tensors of its own) or "on" (one
+    flat float32 buffer each, every update term one node: ``flat_state``; the same numbers, in
+    fewer and larger nodes; ``StepSpec.flat`` gives the layout). String inputs: their encoders
     run ahead of the step (``encoders``), which reads what they make; ``range_data`` and
     ``specialize`` name the strings, as the user's data does."""
     arguments = dict(locals())
@@ -184,10 +192,12 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
 
 
 def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, output, labels, batchnorm,
-           range_data, train, freeze, clip_norm, specialize, accumulate, conv_weight_grad) -> TrainingStep:
+           range_data, train, freeze, clip_norm, specialize, accumulate, conv_weight_grad,
+           flat_state) -> TrainingStep:
     """``build``'s work, for given extents or none."""
     accumulate = validated(accumulate)
     conv_weight_grad = checked(conv_weight_grad)
+    flat_state = checked_flat_state(flat_state)
     if clip_norm is not None and not clip_norm > 0:
         raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
     if batchnorm not in BATCHNORM_MODES:
@@ -244,14 +254,15 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)
-    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate, conv_weight_grad)
+    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate, conv_weight_grad,
+                     flat_state)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None, accumulate=accumulate, strings=encoding.strings,
-                    encoded=encoding.encoded)
+                    encoded=encoding.encoded, flat=names if flat_state == "on" else [])
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None, encoder)
 
 
@@ -373,49 +384,57 @@ class _Assembled:
 
 def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
               opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None,
-              accumulate: int, conv_weight_grad: str) -> _Assembled:
+              accumulate: int, conv_weight_grad: str, flat_state: str) -> _Assembled:
+    """The step's backward, update and carried values, in ``proto``. The update works on ``groups``
+    of parameters (``flat_state``): a gradient, states and a sum per group, split back per parameter."""
     graph = proto.graph
+    layout = groups(flat_state, {param: initial[param].shape for param in params})
     scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"] + ([COUNT] if accumulate > 1 else [])
     taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
-    sums = [f"{param}.{SUM_ROLE}" for param in params] if accumulate > 1 else []
-    clash = [n for n in scalar_inputs + sums if n in taken]
+    sums = [group.buffer(SUM_ROLE) for group in layout] if accumulate > 1 else []
+    states = [[group.buffer(role) for role in opt.states] for group in layout]
+    clash = [n for n in scalar_inputs + [s.name for s in (*sums, *itertools.chain(*states))] if n in taken]
     if clash:
         raise UserError(f"the model already has values named {', '.join(clash)}: rename them to train it")
     graph.input.extend(helper.make_tensor_value_info(n, FLOAT, []) for n in scalar_inputs)
-    graph.input.extend(helper.make_tensor_value_info(s, FLOAT, list(initial[p].shape)) for s, p in zip(sums, params))
+    graph.input.extend(helper.make_tensor_value_info(s.name, FLOAT, s.shape) for s in sums)
     backprop = add_backward(proto, loss, params, seed="loss_scale", conv_weight_grad=conv_weight_grad)
     b = backprop.builder
-    for name in scalar_inputs + sums:
+    for name in scalar_inputs + [s.name for s in sums]:
         b.types[name] = FLOAT
-    grads = [b.op("Cast", backprop.grads[p], to=FLOAT) if b.types[backprop.grads[p]] != FLOAT
-             else backprop.grads[p] for p in params]
+    cast = {p: b.op("Cast", backprop.grads[p], to=FLOAT) if b.types[backprop.grads[p]] != FLOAT
+            else backprop.grads[p] for p in params}
+    grads = [group.joined(b, [cast[p] for p in group.shapes]) for group in layout]
     if scaling.checks:
         grads = unscale(b, grads, "loss_scale")
-    window = accumulated(b, grads, sums, accumulate) if accumulate > 1 else None
+    window = accumulated(b, grads, [s.name for s in sums], accumulate) if accumulate > 1 else None
     grads = window.grads if window else grads
     found_inf = non_finite(b, grads) if scaling.checks else b.const(np.array(False))
     # whether the step keeps the weights, states and step count: a window still summed, or inf/NaN
     hold = b.op("Or", b.op("Not", window.apply), found_inf) if window else found_inf
     if clip_norm is not None:
-        grads = clipped_by_global_norm(b, grads, clip_norm)
+        squares = [s for group, grad in zip(layout, grads) for s in group.square_sums(b, grad)]
+        grads = clipped_by_global_norm(b, grads, squares, clip_norm)
     taking = b.op("Add", "step", b.const(1.0, like="step"))
     hyper = Hyper(LR, WEIGHT_DECAY, taking)
     carried, values, outputs = [], dict(initial), {}
     keeps = scaling.checks or window is not None
-    for param, grad in zip(params, grads):
-        states = [f"{param}.{s}" for s in opt.states]
-        new_param, new_states = opt.update(b, param, grad, states, hyper)
-        for old, new, role in ((param, new_param, "param"), *zip(states, new_states, opt.states)):
-            outputs[old] = b.op("Where", hold, old, new) if keeps else new
-            carried.append(Carried(old, "", list(initial[param].shape), role=role,
-                                   of=None if role == "param" else param))
-            if role != "param":
-                values[old] = np.zeros_like(initial[param])
-                graph.input.append(helper.make_tensor_value_info(old, FLOAT, list(initial[param].shape)))
-    for param, name, value in zip(params, sums, window.sums if window else []):
-        outputs[name] = value
-        carried.append(Carried(name, "", list(initial[param].shape), role=SUM_ROLE, of=param))
-        values[name] = np.zeros_like(initial[param])
+    for group, grad, buffers in zip(layout, grads, states):
+        param = group.joined(b, list(group.shapes))
+        new_param, new_states = opt.update(b, param, grad, [s.name for s in buffers], hyper)
+        kept = b.op("Where", hold, param, new_param) if keeps else new_param
+        for name, value in zip(group.shapes, group.split(b, kept)):
+            outputs[name] = value
+            carried.append(Carried(name, "", list(initial[name].shape)))
+        for buffer, new, role in zip(buffers, new_states, opt.states):
+            outputs[buffer.name] = b.op("Where", hold, buffer.name, new) if keeps else new
+            carried.append(Carried(buffer.name, "", buffer.shape, role=role, of=buffer.of))
+            values[buffer.name] = np.zeros(buffer.shape, np.float32)
+            graph.input.append(helper.make_tensor_value_info(buffer.name, FLOAT, buffer.shape))
+    for buffer, value in zip(sums, window.sums if window else []):
+        outputs[buffer.name] = value
+        carried.append(Carried(buffer.name, "", buffer.shape, role=SUM_ROLE, of=buffer.of))
+        values[buffer.name] = np.zeros(buffer.shape, np.float32)
     for stat in running:  # a step with inf/NaN gradients keeps the old statistics too
         moved = stat.output if b.types.get(stat.output) == FLOAT else b.op("Cast", stat.output, to=FLOAT)
         outputs[stat.input] = b.op("Where", found_inf, stat.input, moved) if scaling.checks else moved

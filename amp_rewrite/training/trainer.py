@@ -36,6 +36,7 @@ from amp_rewrite.runtime.emulate import LOW_PRECISION_PROVIDERS, emulated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT
 from amp_rewrite.training.batching import Batching
+from amp_rewrite.training.flat_state import FLAT
 from amp_rewrite.training.graph_mode import CUDA, GRAPH_OPTIONS, FixedBinding, bind_carried, note_refused, wanted
 from amp_rewrite.training.losses import reference_loss
 from amp_rewrite.training.modes import RUNNING_ROLES
@@ -298,7 +299,9 @@ class Trainer:
         """Carried values from ``state`` (``state()``, or a checkpoint's arrays): all of them, shaped as the step's."""
         missing = [c.input for c in self.spec.carried if c.input not in state]
         if missing:
-            raise UserError(f"the checkpoint lacks {', '.join(missing[:5])}: it was written for another step")
+            layout = any(name.startswith(f"{FLAT}.") for name in state) != bool(self.spec.flat)
+            raise UserError(f"the checkpoint lacks {', '.join(missing[:5])}: it was written for another step"
+                            + (" (its optimizer states in the other --flat-state layout)" if layout else ""))
         for carried in self.spec.carried:
             value = np.asarray(state[carried.input], np.float32)
             if list(value.shape) != list(carried.shape):

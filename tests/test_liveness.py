@@ -1,10 +1,10 @@
-"""``benchmarks/live_set.planned``: kept bytes and the live set's peak, in graph order."""
+"""``ir.liveness.planned``: kept bytes and the live set's peak, in graph order."""
 
 from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from benchmarks.live_set import planned
+from amp_rewrite.ir.liveness import planned
 
 
 def test_the_peak_counts_every_value_from_its_node_to_its_last_reader() -> None:
