@@ -22,7 +22,8 @@ from amp_rewrite.rewrite.pipeline import analysis_passes, model_passes, rewrite_
 from tests.helpers import model
 
 OPTIONS = ConvertOptions(provider=None, range_check="off").validated()
-NUMBERED = ["InlineFunctions", "UpgradeOpset", "InferTypes", "FindCandidates", "ColorByPolicy", "KeepUnfitConstants",
+NUMBERED = ["InlineFunctions", "UpgradeOpset", "InferTypes", "FindCandidates", "ColorByPolicy", "KeepResidualStream",
+            "KeepUnfitConstants",
             "KeepTruncatedValues", "KeepQuantizedUnits", "MeasureRanges", "PropagateDeny", "KeepRmsEpsilons",
             "ChooseMinCasts", "InsertCasts", "SeparateNormCasts", "DeclareInferredShapes"]
 

@@ -42,6 +42,7 @@ class ColoringOptions:
     force_low_nodes: Sequence[str]
     unknown_ops: str
     policy: str
+    fp32_residual_stream: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,8 @@ class ConvertOptions:
     - ``unknown_ops``: ops the lists don't know: "keep" float32, "warn", or "error".
     - ``policy``: "default", or "all-low" to put every convertible node in low
       precision as other converters do (safety checks still apply).
+    - ``fp32_residual_stream``: the sums of a residual stream stay float32
+      (``KeepResidualStream``; what a training step's rewrite asks for).
     - ``range_check``: run the model on generated inputs and keep nodes whose
       values leave the target's range in float32: "auto" (models up to
       ``range_check_max_bytes`` of weights), "on" or "off". The inputs' named
@@ -170,6 +173,7 @@ class ConvertOptions:
     force_low_nodes: list[str] = field(default_factory=list)
     unknown_ops: str = "keep"
     policy: str = "default"
+    fp32_residual_stream: bool = False
     range_check: str = "auto"
     range_check_max_bytes: int = 1 << 30
     headroom: float = 16.0

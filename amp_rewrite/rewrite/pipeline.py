@@ -41,6 +41,7 @@ from amp_rewrite.rewrite.passes import (
     InlineFunctions,
     InsertCasts,
     KeepQuantizedUnits,
+    KeepResidualStream,
     KeepRmsEpsilons,
     KeepTruncatedValues,
     KeepUnfitConstants,
@@ -64,7 +65,8 @@ def model_passes(options: ConvertOptions) -> tuple[InlineFunctions, UpgradeOpset
 
 def analysis_passes(options: ConvertOptions) -> tuple[Pass[Analysis], ...]:
     """Steps 1 to 10, on the analysis, each given its part of ``options`` (validated)."""
-    return (InferTypes(), FindCandidates(), ColorByPolicy(options.coloring), KeepUnfitConstants(options.measurement),
+    return (InferTypes(), FindCandidates(), ColorByPolicy(options.coloring), KeepResidualStream(options.coloring),
+            KeepUnfitConstants(options.measurement),
             KeepTruncatedValues(), KeepQuantizedUnits(), MeasureRanges(options.measurement), PropagateDeny(),
             KeepRmsEpsilons(), ChooseMinCasts())
 

@@ -250,7 +250,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     initial.update((stat.input, stat.value) for stat in running)
     report = None
     if precision != "float32":
-        settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True)
+        settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True,
+                           fp32_residual_stream=True)
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
         options = replace(options or ConvertOptions(), precision=precision)

@@ -18,6 +18,7 @@ from amp_rewrite.rewrite.passes.infer_types import InferTypes
 from amp_rewrite.rewrite.passes.inline_functions import InlineFunctions
 from amp_rewrite.rewrite.passes.insert_casts import InsertCasts, Rewrite, RewriteStats
 from amp_rewrite.rewrite.passes.keep_quantized_units import KeepQuantizedUnits
+from amp_rewrite.rewrite.passes.keep_residual_stream import KeepResidualStream
 from amp_rewrite.rewrite.passes.keep_rms_epsilons import KeepRmsEpsilons
 from amp_rewrite.rewrite.passes.keep_truncated_values import KeepTruncatedValues
 from amp_rewrite.rewrite.passes.keep_unfit_constants import KeepUnfitConstants
@@ -27,6 +28,6 @@ from amp_rewrite.rewrite.passes.separate_norm_casts import SeparateNormCasts
 from amp_rewrite.rewrite.passes.upgrade_opset import UpgradeOpset
 
 __all__ = ["ChooseMinCasts", "ColorByPolicy", "DeclareInferredShapes", "FindCandidates", "InferTypes",
-           "InlineFunctions", "InsertCasts", "KeepQuantizedUnits", "KeepRmsEpsilons", "KeepTruncatedValues",
-           "KeepUnfitConstants", "MeasureRanges", "Pass", "PassResult", "PropagateDeny", "Rewrite", "RewriteStats",
-           "SeparateNormCasts", "UpgradeOpset"]
+           "InlineFunctions", "InsertCasts", "KeepQuantizedUnits", "KeepResidualStream", "KeepRmsEpsilons",
+           "KeepTruncatedValues", "KeepUnfitConstants", "MeasureRanges", "Pass", "PassResult", "PropagateDeny",
+           "Rewrite", "RewriteStats", "SeparateNormCasts", "UpgradeOpset"]
