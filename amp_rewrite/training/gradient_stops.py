@@ -16,8 +16,7 @@ import onnx
 
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.types import typed_index
-
-ML_DOMAIN = "ai.onnx.ml"
+from amp_rewrite.training.attribute_weights import ML_DOMAIN
 
 
 def why_no_weights(proto: onnx.ModelProto, loss: str) -> str:

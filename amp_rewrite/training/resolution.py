@@ -25,6 +25,7 @@ import onnx
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training.losses import probability_input
 
@@ -50,10 +51,7 @@ def logits(model: onnx.ModelProto, output: str, sample: Mapping[str, np.ndarray]
     if found is None:
         return None
     op, value = found
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    if value not in {o.name for o in exposed.graph.output}:
-        exposed.graph.output.append(onnx.ValueInfoProto(name=value))
+    exposed = expose(model, [(0, value)]).model
     inputs = {i.name for i in model.graph.input}
     feeds = {k: v for k, v in sample.items() if k in inputs}
 
