@@ -225,9 +225,39 @@ def test_batch_statistics_divide_and_negate_per_channel_not_per_element():
     assert not {"Div", "Neg"} & set(per_element)
 
 
-def test_frozen_batchnorm_carries_no_statistics():
+def test_frozen_batchnorm_carries_no_statistics_and_trains_none(tmp_path):
+    """A frozen normalisation's running statistics are buffers: neither carried nor descended on
+    (AdamW moved a variance of 1e-12 by the learning rate each step, past zero), while its scale
+    and bias train; the exported model holds them as they were."""
     step = build(_bn_model(), loss="cross-entropy", output="logits", precision="float32", batchnorm="freeze")
     assert not any(c.role.startswith("running") for c in step.spec.carried)
+    assert {c.input for c in step.spec.params} == {"w", "gamma", "beta"}
+    trainer = Trainer(step, lr=0.05)
+    for _ in range(3):
+        trainer.step(_batch_bn())
+    trainer.export(tmp_path / "trained.onnx")
+    trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "trained.onnx").graph.initializer}
+    assert np.array_equal(trained["mean"], np.zeros(3)) and np.array_equal(trained["var"], np.ones(3))
+    assert not np.array_equal(trained["gamma"], np.ones(3))
+
+
+def test_statistics_read_otherwise_and_named_ones_are_parameters():
+    """Only a tensor read solely as running statistics is left out: one another node reads too,
+    and one ``params`` names, train."""
+    model = _bn_model()
+    graph = model.graph
+    graph.node.insert(len(graph.node), helper.make_node("Add", ["logits", "mean"], ["shifted"]))
+    graph.output[0].name = "shifted"
+    step = build(model, loss="cross-entropy", output="shifted", precision="float32", batchnorm="freeze")
+    assert "mean" in {c.input for c in step.spec.params} and "var" not in {c.input for c in step.spec.params}
+    named = build(_bn_model(), loss="cross-entropy", output="logits", precision="float32", batchnorm="freeze",
+                  params=["gamma", "var"])
+    assert [c.input for c in named.spec.params] == ["gamma", "var"]
+
+
+def _batch_bn() -> dict[str, np.ndarray]:
+    r = np.random.default_rng(8)
+    return {"x": r.normal(0, 1, (6, 2, 4, 4)).astype(np.float32), "labels": r.integers(0, 3, 6)}
 
 
 def ort_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:

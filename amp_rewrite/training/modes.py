@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder, Names
-from amp_rewrite.ir.sizes import ValueSizes
+from amp_rewrite.ir.sizes import ValueSizes, iter_graphs
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.training import batch_statistics
@@ -152,6 +152,30 @@ def batchnorm_mode(proto: onnx.ModelProto, batchnorm: str) -> str:
                 if stored is not None:
                     stats.append((role, read_array(stored, None)))
     return "train" if not stats or untrained(stats) else "freeze"
+
+
+def frozen_statistics(proto: onnx.ModelProto) -> set[str]:
+    """The tensors read only as an inference-mode BatchNormalization's running mean or variance
+    (directly, or through Identity nodes that only such reads read), in any graph. They are the
+    model's buffers, not its parameters (PyTorch's ``running_mean``/``running_var``): a frozen
+    normalisation uses them as they are, and descending on them would move a variance by the
+    learning rate each step, past zero where it is small."""
+    statistics: set[str] = set()
+    other: set[str] = set()
+    copies: dict[str, str] = {}
+    """Identity output -> its input."""
+    for graph in iter_graphs(proto.graph):
+        for node in graph.node:
+            if node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+                copies[node.output[0]] = node.input[0]
+                continue
+            is_norm = node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            for at, name in enumerate(node.input):
+                (statistics if is_norm and at in (3, 4) else other).add(name)
+        other.update(o.name for o in graph.output)
+    for copy, source in copies.items():  # a copy read otherwise makes its source read otherwise
+        (statistics if copy in statistics and copy not in other else other).add(source)
+    return statistics - other
 
 
 def _stored(graph: onnx.GraphProto, name: str, tensors: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:

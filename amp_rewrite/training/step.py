@@ -57,6 +57,7 @@ from amp_rewrite.training.modes import (
     batchnorm_mode,
     batchnorm_to_train_mode,
     dropout_to_train_mode,
+    frozen_statistics,
 )
 from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
 from amp_rewrite.training.resolution import check_resolved, logits
@@ -242,7 +243,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
     try:
-        found = [name for name in default_parameters(proto, loss) if name in weights]
+        buffers = frozen_statistics(proto)  # a frozen BatchNormalization's running statistics
+        found = [name for name in default_parameters(proto, loss) if name in weights and name not in buffers]
     except NoParameters:
         raise UserError(why_no_weights(proto, loss)) from None
     names = _selected(proto, params if params is not None else found, train, freeze)

@@ -264,7 +264,7 @@ class Trainer:
                 losses.append(result.loss)
                 if live:
                     rate = (k + 1) * batch_size / max(time.perf_counter() - started, 1e-9)
-                    print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4f} scale "
+                    print(f"\repoch {epoch}/{epochs} [{k + 1}/{batches}] loss {result.loss:.4g} scale "
                           f"{result.scale:g} skipped {skipped} {rate:.0f} samples/s", end="", file=sys.stderr)
             finite = [v for v in losses if math.isfinite(v)]
             record: dict[str, Any] = {"epoch": epoch, "loss": float(np.mean(finite)) if finite else float("nan"),
@@ -458,11 +458,11 @@ float32 reductions over a batch, against float64."""
 
 def describe(record: dict) -> str:
     """One line for an epoch's record."""
-    line = (f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['skipped']} skipped, scale "
+    line = (f"epoch {record['epoch']}: loss {record['loss']:.4g}, {record['skipped']} skipped, scale "
             f"{record['scale']:g}, {record['seconds']:.2f} s")
     evaluation = record.get("eval")
     if evaluation:
-        line += f"; eval loss {evaluation['loss']:.4f}"
+        line += f"; eval loss {evaluation['loss']:.4g}"
         if "accuracy" in evaluation:
             line += f", accuracy {evaluation['accuracy']:.1%}"
     return line
