@@ -153,8 +153,9 @@ def _computed_floats(index: ModelIndex) -> list[ValueKey]:
 
 
 def expose(model: onnx.ModelProto, keys: Iterable[ValueKey], thresholds: Thresholds | None = None) -> Exposed:
-    """A copy of ``model`` whose outputs also give each value of ``keys`` (float values): a
-    top-level one as it is, a nested one as its statistics row (which ``thresholds`` define)."""
+    """A copy of ``model`` whose outputs also give each value of ``keys``: a top-level one as it
+    is (of any type), a nested one (a float value) as its statistics row (which ``thresholds``
+    define)."""
     keys = list(keys)
     if thresholds is None and any(key[0] != 0 for key in keys):
         raise ValueError("nested values are exposed as statistics rows, which need thresholds")

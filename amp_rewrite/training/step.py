@@ -44,6 +44,7 @@ from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
+from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
@@ -272,10 +273,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
 def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:
     """(shape, dtype) of every top-level tensor value on a run of ``sample`` (ONNX Runtime, in a
     child process), for the shapes onnx's inference cannot find; None where the run fails."""
-    exposed = onnx.ModelProto.FromString(model.SerializeToString())
-    outputs = {o.name for o in exposed.graph.output}
-    exposed.graph.output.extend(onnx.ValueInfoProto(name=name) for node in exposed.graph.node for name in node.output
-                                if name and name not in outputs)
+    exposed = expose(model, [(0, name) for node in model.graph.node for name in node.output if name]).model
     names = [o.name for o in exposed.graph.output]
 
     def work(progress) -> dict[str, tuple]:
