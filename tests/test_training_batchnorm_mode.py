@@ -54,3 +54,22 @@ def test_an_explicit_mode_wins() -> None:
     for given in ("train", "freeze"):
         assert batchnorm_mode(_conv_bn(*TRAINED), given) == given
         assert batchnorm_mode(_conv_bn(*FRESH), given) == given
+
+
+def test_tiny_frozen_variances_leave_a_float16_step_finite() -> None:
+    """Variances of 1e-12 (dead channels, as onnx's light DenseNet-121 holds) are frozen buffers,
+    not parameters: descended on, their gradient's factor 1/(var + eps), 1e5 whatever the loss
+    scale, overflowed that model's float16 backward on every step. The float16 step applies its
+    updates once the scale has backed off."""
+    from amp_rewrite.training.trainer import Trainer
+
+    var = np.array([1e-12, 0.9, 1e-12, 2.0], np.float32)
+    step = build(_conv_bn(TRAINED[0], var), loss="mse", output="y", precision="float16")
+    assert {c.input for c in step.spec.params} == {"w", "gamma", "beta"}
+    trainer = Trainer(step, lr=1e-3)
+    r = rng(2)
+    batch = {"x": r.normal(0, 1, (4, 3, 6, 6)).astype(np.float32),
+             "labels": r.normal(0, 1, (4, 4, 6, 6)).astype(np.float32)}
+    results = [trainer.step(batch) for _ in range(24)]  # the first ones back the scale off from 2^16
+    assert not any(result.skipped for result in results[-8:]) and results[-1].scale >= 1.0
+    assert results[-1].loss < results[0].loss
