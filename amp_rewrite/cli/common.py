@@ -92,7 +92,8 @@ def training_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output", metavar="NAME", help="the model output a standard loss applies to")
     group.add_argument("--labels", default="labels", metavar="NAME", help="name of the labels input (default labels)")
     group.add_argument("--param", action="append", metavar="NAME",
-                       help="an initializer to train; repeat for more (default: every float weight the loss reads)")
+                       help="an initializer to train; repeat for more (default: every float weight the loss reads, but "
+                            "frozen running statistics and one-element constants: epsilons, scales)")
     group.add_argument("--train", dest="train_patterns", action="append", default=[], metavar="REGEX",
                        help="train only the parameters whose name, or a reading node's name, this finds (repeatable)")
     group.add_argument("--freeze", dest="freeze_patterns", action="append", default=[], metavar="REGEX",

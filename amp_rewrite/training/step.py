@@ -48,6 +48,7 @@ from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
 from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
+from amp_rewrite.training.coefficients import coefficients
 from amp_rewrite.training.flat_state import checked as checked_flat_state
 from amp_rewrite.training.flat_state import groups
 from amp_rewrite.training.gradient_stops import why_no_weights
@@ -157,7 +158,8 @@ def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_
     """The training step of ``model`` (of its float32 view where its floats are another type:
     ``float32_view``). ``loss`` is a scalar float output of the model, or
     "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
-    the initializers to train (default: every float initializer the loss depends on).
+    the initializers to train (default: every float initializer the loss depends on, but a frozen
+    BatchNormalization's running statistics and the formulas' one-element constants: ``coefficients``).
     ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
     ``precision`` overrides theirs ("float32": no rewrite). ``loss_scale``: "dynamic" (default
     for float16), "none" (default otherwise), a number (static), or a :class:`LossScale`. ``batchnorm``: "train" (batch
@@ -244,10 +246,13 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
     try:
-        buffers = frozen_statistics(proto)  # a frozen BatchNormalization's running statistics
-        found = [name for name in default_parameters(proto, loss) if name in weights and name not in buffers]
+        held = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
+        found = [name for name in default_parameters(proto, loss) if name in weights and name not in held]
     except NoParameters:
         raise UserError(why_no_weights(proto, loss)) from None
+    if not found and params is None:
+        raise UserError(f"the loss {loss!r} reaches only running statistics and one-element constants (epsilons, "
+                        f"scales), which train leaves as they are; --param NAME trains one")
     names = _selected(proto, params if params is not None else found, train, freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
