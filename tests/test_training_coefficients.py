@@ -64,5 +64,37 @@ def test_param_names_a_coefficient_and_a_loss_reaching_only_coefficients_is_refu
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with pytest.raises(UserError, match="reaches only running statistics and one-element constants"):
+    with pytest.raises(UserError, match="reaches only running statistics and constants of its formulas"):
         build(model, loss="mse", output="y", precision="float32")
+
+
+def _group_norm(scale: np.ndarray, spelled: bool = True) -> onnx.ModelProto:
+    """x[N,4,3,3] -> GroupNormalization(2 groups) as PyTorch's exporters spell it before opset 18
+    (Reshape -> InstanceNormalization(scale, zeros) -> Reshape -> Mul(gamma) -> Add(beta)) -> Conv(w)
+    -> y; not ``spelled``: an InstanceNormalization of the activation itself (its own layer)."""
+    r = rng(3)
+    channels = 2 if spelled else 4
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("scale", scale[:channels]), ("zeros", np.zeros(channels)), ("gamma", r.normal(1, 0.1, (4, 1, 1))),
+        ("beta", r.normal(0, 0.1, (4, 1, 1))), ("w", r.normal(0, 0.3, (4, 4, 1, 1))))]
+    inits += [numpy_helper.from_array(np.array(s, np.int64), n) for n, s in (("grouped", [0, 2, -1]),
+                                                                             ("back", [0, 4, 3, 3]))]
+    norm = [helper.make_node("Reshape", ["x", "grouped"], ["g"]),
+            helper.make_node("InstanceNormalization", ["g", "scale", "zeros"], ["gn"]),
+            helper.make_node("Reshape", ["gn", "back"], ["n"])] if spelled else \
+        [helper.make_node("InstanceNormalization", ["x", "scale", "zeros"], ["n"])]
+    nodes = [*norm, helper.make_node("Mul", ["n", "gamma"], ["a"]), helper.make_node("Add", ["a", "beta"], ["b"]),
+             helper.make_node("Conv", ["b", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 3, 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("scale, spelled, trained", [
+    (np.ones(4), True, {"gamma", "beta", "w"}),  # the spelling's identity affine: constants
+    (np.array([1.2, 0.8, 1.0, 1.0]), True, {"scale", "gamma", "beta", "w"}),  # a trained scale: a weight
+    (np.ones(4), False, {"scale", "zeros", "gamma", "beta", "w"}),  # an InstanceNormalization layer's affine
+])
+def test_group_normalization_spelled_out_keeps_its_identity_affine(scale, spelled, trained) -> None:
+    step = build(_group_norm(scale, spelled), loss="mse", output="y", precision="float32")
+    assert {c.input for c in step.spec.params} == trained

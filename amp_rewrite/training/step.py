@@ -251,7 +251,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     except NoParameters:
         raise UserError(why_no_weights(proto, loss)) from None
     if not found and params is None:
-        raise UserError(f"the loss {loss!r} reaches only running statistics and one-element constants (epsilons, "
+        raise UserError(f"the loss {loss!r} reaches only running statistics and constants of its formulas (epsilons, "
                         f"scales), which train leaves as they are; --param NAME trains one")
     names = _selected(proto, params if params is not None else found, train, freeze)
     initial = _lift_parameters(proto, names)
