@@ -16,7 +16,7 @@ from tests.helpers import rng
 
 
 def _scorer() -> onnx.ModelProto:
-    """x[N,4] -> MatMul(w) + bias[1] -> y; y * 0.5 / sqrt(var(y) + eps) * exp(logit_scale) ->
+    """x[N,4] -> MatMul(w) + bias[1] -> y; y * 0.5 / sqrt(mean(y^2) + eps) * exp(logit_scale) ->
     score[N,1]; a mask fill of -3.4e38 selected where y is below zero before the exp of logit_scale:
     every scalar as the dynamo exporter writes it, an initializer of its own."""
     r = rng(1)
@@ -27,7 +27,7 @@ def _scorer() -> onnx.ModelProto:
         ("zero", np.array(0.0, np.float32)))]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["y"]),
              helper.make_node("Mul", ["y", "half"], ["a"]),
-             helper.make_node("ReduceMean", ["y"], ["m2"], keepdims=1),
+             helper.make_node("Mul", ["y", "y"], ["yy"]), helper.make_node("ReduceMean", ["yy"], ["m2"], keepdims=1),
              helper.make_node("Add", ["m2", "eps"], ["v"]), helper.make_node("Sqrt", ["v"], ["s"]),
              helper.make_node("Div", ["a", "s"], ["n"]), helper.make_node("Exp", ["logit_scale"], ["k"]),
              helper.make_node("Less", ["y", "zero"], ["neg"]), helper.make_node("Where", ["neg", "fill", "n"], ["f"]),
@@ -98,3 +98,18 @@ def _group_norm(scale: np.ndarray, spelled: bool = True) -> onnx.ModelProto:
 def test_group_normalization_spelled_out_keeps_its_identity_affine(scale, spelled, trained) -> None:
     step = build(_group_norm(scale, spelled), loss="mse", output="y", precision="float32")
     assert {c.input for c in step.spec.params} == trained
+
+
+def test_train_and_train_graph_say_how_many_tensors_they_hold(tmp_path, capsys) -> None:
+    from amp_rewrite.cli import main
+
+    path, data = tmp_path / "scorer.onnx", tmp_path / "data.npz"
+    onnx.save(_scorer(), path)
+    x = rng(4).normal(0, 1, (8, 4)).astype(np.float32)
+    np.savez(data, x=x, labels=np.abs(x[:, :1]))
+    assert main(["train", str(path), "--data", str(data), "--loss", "mse", "--output", "score", "--epochs", "1",
+                 "--precision", "float32", "-o", str(tmp_path / "trained.onnx")]) == 0
+    assert "training 3 parameters; 4 tensors the loss reads stay as they are" in capsys.readouterr().err
+    assert main(["train-graph", str(path), "--loss", "mse", "--output", "score", "--precision", "float32",
+                 "-o", str(tmp_path / "step.onnx")]) == 0
+    assert "3 parameters (4 tensors the loss reads held as they are)" in capsys.readouterr().out

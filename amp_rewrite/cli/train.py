@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
               "(they hold their initial values, means 0 and variances 1, or one value per tensor): training "
               "replaces them with the data's, which moves the model's inference outputs; --batchnorm freeze keeps "
               "them", file=sys.stderr)
+    if step.spec.held and not args.quiet:
+        print(f"amp-rewrite: training {len(step.spec.params)} parameters; {len(step.spec.held)} tensors the loss "
+              f"reads stay as they are (a frozen BatchNormalization's running statistics, formulas' epsilons and "
+              f"scales); --param NAME trains one", file=sys.stderr)
     train = _checked(step, train, args.data, batching)
     updates = args.epochs * math.ceil(batching.count(train, step.spec.given) / args.batch_size) // args.accumulate
     schedule = Schedule(args.schedule, args.warmup_steps, updates, args.step_size, args.gamma)

@@ -46,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         spec = step.spec
         print(f"amp-rewrite: training step ({spec.precision}, {spec.optimizer}, loss scale "
-              f"{spec.loss_scale['mode']}): {len(spec.params)} parameters, {len(step.model.graph.node)} nodes")
+              f"{spec.loss_scale['mode']}): {len(spec.params)} parameters"
+              + (f" ({len(spec.held)} tensors the loss reads held as they are)" if spec.held else "")
+              + f", {len(step.model.graph.node)} nodes")
         print(f"  inputs: data {', '.join(spec.data)}; hyper-parameters {spec.lr}, {spec.weight_decay}")
         print(f"  wrote {args.target}, {args.target}.json, {args.target}.init.npz")
     return EXIT_OK

@@ -113,6 +113,9 @@ class StepSpec:
     """The model's string inputs that the encoder (``TrainingStep.encoder``) reads: the step does not."""
     encoded: list[str] = field(default_factory=list)
     """The data inputs the encoder makes of them (``encoders``)."""
+    held: list[str] = field(default_factory=list)
+    """The float tensors the loss reads that the default parameters leave out: a frozen
+    BatchNormalization's running statistics and the formulas' constants (``coefficients``)."""
     flat: list[str] = field(default_factory=list)
     """The parameters whose optimizer states and gradient sums the flat buffers (``build(flat_state="on")``)
     hold, each flattened (row-major), one after another in this order; empty: each has its own."""
@@ -246,8 +249,9 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
     try:
-        held = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
-        found = [name for name in default_parameters(proto, loss) if name in weights and name not in held]
+        constants = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
+        reached = [name for name in default_parameters(proto, loss) if name in weights]
+        found = [name for name in reached if name not in constants]
     except NoParameters:
         raise UserError(why_no_weights(proto, loss)) from None
     if not found and params is None:
@@ -271,7 +275,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
                     loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None, accumulate=accumulate, strings=encoding.strings,
-                    encoded=encoding.encoded, flat=names if flat_state == "on" else [])
+                    encoded=encoding.encoded, flat=names if flat_state == "on" else [],
+                    held=[name for name in reached if name in constants] if params is None else [])
     return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None, encoder)
 
 
