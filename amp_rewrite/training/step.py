@@ -248,8 +248,8 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
     running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
     dropout_to_train_mode(proto)
+    constants = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
     try:
-        constants = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
         reached = [name for name in default_parameters(proto, loss) if name in weights]
         found = [name for name in reached if name not in constants]
     except NoParameters:
