@@ -78,7 +78,7 @@ CASES = {
     "missing file": (lambda p: p.parent / "nope.onnx", [], "input file not found"),
     "not onnx": (lambda p: _text(p.parent / "notes.onnx"), [], "not"),
     "truncated": (lambda p: _truncate(p), [], "not a readable ONNX model"),
-    "external data missing": (lambda p: _external_missing(p.parent / "ext.onnx"), [], "external data file missing"),
+    "external data missing": (lambda p: _external_missing(p.parent / "ext.onnx"), [], "is missing: no file"),
     "unknown precision": (lambda p: p, ["--precision", "float8"], "invalid choice"),
     "unknown provider": (lambda p: p, ["--provider", "TPU"], "invalid choice"),
     "output folder missing": (lambda p: p, ["-o", "/nonexistent/dir/out.onnx"], "output folder does not exist"),

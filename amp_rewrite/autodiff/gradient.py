@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnx.external_data_helper
 from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
@@ -49,7 +48,7 @@ def gradient_model(model, loss: str, wrt: Sequence[str] | None = None, *,
     :func:`add_backward`."""
     proto, base_dir, _ = io.read_model(model, "differentiate")
     if base_dir is not None:
-        onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        io.embed_external(proto, base_dir)
     return gradient_proto(proto, loss, wrt, conv_weight_grad=conv_weight_grad)
 
 

@@ -11,7 +11,7 @@ from typing import NoReturn
 from amp_rewrite import __version__
 from amp_rewrite.cli import bench, check, convert, grad, inspect, train, train_graph
 from amp_rewrite.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_USER_ERROR, Parser
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable
 
 SUBCOMMANDS = {"convert": convert, "inspect": inspect, "check": check, "grad": grad, "train-graph": train_graph,
                "train": train, "bench": bench}
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return SUBCOMMANDS[args.command].run(args)
     except UserError as exc:
-        print(f"amp-rewrite: error: {exc}", file=sys.stderr)
+        print(f"amp-rewrite: error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("amp-rewrite: interrupted", file=sys.stderr)
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line unless the user asks for the traceback
         if os.environ.get("AMP_REWRITE_DEBUG"):
             raise
-        print(f"amp-rewrite: internal error: {type(exc).__name__}: {exc} "
+        print(f"amp-rewrite: internal error: {type(exc).__name__}: {printable(str(exc))} "
               "(set AMP_REWRITE_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 

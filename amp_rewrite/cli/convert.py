@@ -14,6 +14,7 @@ from amp_rewrite.cli.common import (
     convert_options,
     tolerance_arguments,
 )
+from amp_rewrite.errors import printable
 from amp_rewrite.ir.io import save_text
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.workflows.convert import convert
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  wrote {args.output}")
     for note in report.notes:  # warnings reach the terminal even with --quiet, on stderr
         if note.startswith("warning:"):
-            print(f"amp-rewrite: {note}", file=sys.stderr)
+            print(f"amp-rewrite: {printable(note)}", file=sys.stderr)
     if report.validation is not None and not report.validation.passed:
         print("amp-rewrite: validation failed: the written model is out of tolerance", file=sys.stderr)
         return EXIT_CHECK_FAILED

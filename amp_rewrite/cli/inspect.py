@@ -7,7 +7,7 @@ import json
 import os
 
 from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable, printable_lines
 from amp_rewrite.ir.io import load
 from amp_rewrite.workflows.analyze import analyze
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         width = max((len(r[0]) for r in rows), default=4)
         for name, op, cls, color, reason in rows:
-            print(f"{name:<{width}}  {op:<20} {cls:<7} {color:<4}  {reason}")
+            print(printable(f"{name:<{width}}  {op:<20} {cls:<7} {color:<4}  {reason}"))
         print(f"{sum(r[3] == 'low' for r in rows)} of {len(rows)} float nodes in {options.precision}; "
               f"range check: {analysis.range_check}")
     return EXIT_OK
@@ -49,7 +49,7 @@ def _explain(analysis, wanted: str) -> str:
     if decision is None:
         lines.append("  not a candidate: no float32 input or output it could change "
                      "(no schema type parameter admitting the target type)")
-        return "\n".join(lines)
+        return printable_lines(lines)
     lines.append(f"  class: {decision.op_class}")
     decided_by = "min cut over its neighbours" if decision.free else decision.priority.name.lower()
     lines.append(f"  precision: {(decision.color.value if decision.color else 'fp32')} (decided by {decided_by})")
@@ -60,4 +60,4 @@ def _explain(analysis, wanted: str) -> str:
             if key is not None:
                 mark = "converted with the node" if i in chosen else "keeps its type"
                 lines.append(f"  {label} {i}: {key[1]} ({mark})")
-    return "\n".join(lines)
+    return printable_lines(lines)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from amp_rewrite.cli.common import EXIT_OK, coloring_arguments, convert_options, training_arguments
+from amp_rewrite.errors import printable
 from amp_rewrite.ir import io
 
 
@@ -33,7 +34,7 @@ def build_step(args: argparse.Namespace, range_data=(), specialize=None):
                  flat_state=args.flat_state)
     for note in step.report.notes if step.report else ():
         if note.startswith("warning:"):
-            print(f"amp-rewrite: {note}", file=sys.stderr)
+            print(f"amp-rewrite: {printable(note)}", file=sys.stderr)
     return step
 
 
@@ -49,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
               f"{spec.loss_scale['mode']}): {len(spec.params)} parameters"
               + (f" ({len(spec.held)} tensors the loss reads held as they are)" if spec.held else "")
               + f", {len(step.model.graph.node)} nodes")
-        print(f"  inputs: data {', '.join(spec.data)}; hyper-parameters {spec.lr}, {spec.weight_decay}")
+        print(printable(f"  inputs: data {', '.join(spec.data)}; hyper-parameters {spec.lr}, {spec.weight_decay}"))
         print(f"  wrote {args.target}, {args.target}.json, {args.target}.init.npz")
     return EXIT_OK

@@ -11,10 +11,10 @@ from pathlib import Path
 import google.protobuf.message
 import numpy as np
 import onnx
-import onnx.external_data_helper
 from google.protobuf import unknown_fields
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable
+from amp_rewrite.ir import embedded, external
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import (
@@ -24,6 +24,7 @@ from amp_rewrite.ir.tensors import (
     data_file,
     external_location,
     float32_values,
+    stored_bytes,
     stored_values,
     value_bytes,
 )
@@ -59,7 +60,7 @@ def load(path: str | os.PathLike, borrow: int = 0) -> onnx.ModelProto:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
-    _check_external_files(model, path.parent, path.name if borrow else None)
+    _check_tensors(model, path.parent)
     if borrow:
         close_data_file(path)
     return model
@@ -215,9 +216,7 @@ def read_model(model, verb: str = "read", borrow: int = 0) -> tuple[onnx.ModelPr
         import onnx_ir as ir
 
         proto = ir.serde.serialize_model(model)
-        base_dir = _ir_base_dir(model)
-        if base_dir is not None:
-            onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        embed_external(proto, _ir_base_dir(model))
         return proto, None, "ir"
     raise UserError(f"cannot {verb} a {type(model).__name__}: pass a path, an onnx.ModelProto or an onnx_ir.Model")
 
@@ -231,26 +230,49 @@ def _ir_base_dir(model) -> str | None:
     return None
 
 
-def _check_external_files(model: onnx.ModelProto, base_dir: Path, lent: str | None) -> None:
-    """Each external tensor's file is there and holds it (``lent``: the model's own file, whose
-    borrowed tensors the load placed itself)."""
+def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Every tensor holds what it claims before any is read: an embedded one (an initializer or a
+    node's tensor attribute, in any graph) the values of its type and shape (``embedded``); an
+    external one a regular file inside the model's folder (no link, nothing outside it) with the
+    bytes its offset, length, type and shape declare (``external``; the tensors a borrowing load
+    placed in the model's own file too)."""
     sizes: dict[str, int] = {}  # by location: a file looked at once
+    for graph in iter_graphs(model.graph):
+        for tensor in graph.initializer:
+            info = external_location(tensor)
+            if info is None:
+                embedded.check(tensor, "initializer")
+                continue
+            if SOURCE_TYPE_KEY in info:
+                raise external.UnsafeExternalData(tensor.name, info.get("location", ""),
+                                                  f"carries {SOURCE_TYPE_KEY}, amp-rewrite's own mark for a "
+                                                  "conversion under way, which no saved model holds")
+            location = info.get("location", "")
+            if location not in sizes:
+                data = external.resolve(base_dir, location, tensor.name)
+                sizes[location] = os.stat(data).st_size
+                close_data_file(data)
+            external.extent(tensor, info, sizes[location])
+        for node in graph.node:
+            for attr in node.attribute:
+                for tensor in (attr.t, ) if attr.HasField("t") else attr.tensors:
+                    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                        raise external.UnsafeExternalData(tensor.name, data_file(tensor) or "",
+                                                          f"is named by node {printable(node.name)!r}'s attribute: "
+                                                          "only initializers may hold external data")
+                    embedded.check(tensor, f"node {printable(node.name)!r}'s tensor")
+
+
+def embed_external(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> None:
+    """Read every external tensor's bytes into ``model`` (from ``base_dir``, the folder of the model
+    file that names them), each checked as ``load`` checks it: the model then holds its weights."""
+    _check_tensors(model, Path(base_dir or os.curdir))
     for tensor in initializers(model):
-        location = data_file(tensor)
-        if location is None or location == lent:
-            continue
         info = external_location(tensor)
-        assert info is not None  # an external tensor (it has a data file)
-        if location not in sizes:
-            data = base_dir / location
-            if not data.is_file():
-                raise UserError(f"external data file missing for tensor {tensor.name!r}: {data}")
-            sizes[location] = data.stat().st_size
-            close_data_file(data)
-        end = int(info.get("offset", 0)) + int(info.get("length", 0) or 0)
-        if end > sizes[location]:
-            raise UserError(f"external data file is truncated (tensor {tensor.name!r} ends at byte {end}): "
-                            f"{base_dir / location}")
+        if info is not None:
+            tensor.raw_data = stored_bytes(tensor, base_dir, info, external.stored_bytes(tensor))
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
 
 
 def initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -290,10 +312,10 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
     output = Path(output)
     deferred = deferred or {}
     lent = Path(source).name if source is not None else None
-    external = any(data_file(t) not in (None, lent) for t in initializers(model))
+    spilled = any(data_file(t) not in (None, lent) for t in initializers(model))
     temps: list[str] = []
     try:
-        pieces = None if external else _pieces(model, deferred, base_dir, lent)
+        pieces = None if spilled else _pieces(model, deferred, base_dir, lent)
         written = 0
         if pieces is None or pieces.size > PROTOBUF_LIMIT:
             data = output.parent / (output.name + ".data")
@@ -529,8 +551,8 @@ def _externalize(tensor: onnx.TensorProto, sink, location: str, base_dir, precis
         if SOURCE_TYPE_KEY in info:
             _write_converted(tensor, base_dir, int(info[SOURCE_TYPE_KEY]), info, sink)
         else:
-            with open(os.path.join(base_dir or ".", info["location"]), "rb") as f:
-                f.seek(int(info.get("offset", 0)))
+            with open(external.resolve(base_dir, info.get("location", ""), tensor.name), "rb") as f:
+                f.seek(int(info.get("offset") or 0))  # ``external.extent`` checked both when the model was loaded
                 _copy(f, int(info.get("length") or value_bytes(tensor)), sink)
         del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
@@ -558,6 +580,25 @@ def save_text(path: Path, text: str) -> None:
     try:
         with open(temp, "w") as sink:
             sink.write(text)
+        os.replace(temp, path)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+
+
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write arrays keyed by tensor names as an ``.npz`` atomically. A name is a key of the archive,
+    never a path: zip stores any name as given, but a NUL would cut it short (two tensors could share
+    a key), so such a name is refused."""
+    cut = next((name for name in arrays if "\0" in name), None)
+    if cut is not None:
+        raise UserError(f"tensor {printable(cut)!r} has a NUL character in its name, which an .npz key cannot hold")
+    temp = _temp_beside(path)
+    try:
+        with open(temp, "wb") as sink:
+            np.savez(sink, **arrays)  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle too
         os.replace(temp, path)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror}") from None

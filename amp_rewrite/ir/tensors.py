@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable
+from amp_rewrite.ir import external
 from amp_rewrite.ir.precision import Precision
 
 SOURCE_TYPE_KEY = "amp_rewrite.source_type"
@@ -49,16 +50,23 @@ def stored_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, 
                   info: dict[str, str]) -> np.ndarray:
     """An external tensor's values (``info``: its ``external_location``) as its file stores
     them, in ``data_type`` (flat)."""
-    path = os.path.join(base_dir or ".", info["location"])
     dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
-    size = math.prod(tensor.dims) * dtype.itemsize
+    return np.frombuffer(stored_bytes(tensor, base_dir, info, math.prod(tensor.dims) * dtype.itemsize), dtype=dtype)
+
+
+def stored_bytes(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, info: dict[str, str],
+                 size: int) -> bytes:
+    """``size`` bytes of an external tensor's file from its offset, the file found by ``external.resolve``."""
+    path = external.resolve(base_dir, info.get("location", ""), tensor.name)
+    offset = int(info.get("offset") or 0)  # ``external.extent`` checked it when the model was loaded
     try:
-        data = _DATA_FILES.read(path, int(info.get("offset", 0)), size)
+        data = _DATA_FILES.read(path, offset, size)
     except OSError as exc:
-        raise UserError(f"cannot read external data of tensor {tensor.name!r}: {exc.strerror}: {path}") from None
+        raise UserError(f"cannot read external data of tensor {printable(tensor.name)!r}: {exc.strerror}: "
+                        f"{path}") from None
     if len(data) != size:
-        raise UserError(f"external data of tensor {tensor.name!r} is truncated: {path}")
-    return np.frombuffer(data, dtype=dtype)
+        raise UserError(f"external data of tensor {printable(tensor.name)!r} is truncated: {path}")
+    return data
 
 
 def close_data_file(path: str | os.PathLike) -> None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import onnx
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable, printable_lines
 from amp_rewrite.inputs import samples
 from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir import io
@@ -135,7 +135,7 @@ class CheckResult:
             lines.append(f"to keep them in float32: {self.fix}")
         if self.unlocalized:
             lines.append(self.unlocalized)
-        return "\n".join(lines)
+        return printable_lines(lines)
 
     def _deployed_text(self) -> str:
         if self.deployed == "off":
@@ -149,9 +149,9 @@ class CheckResult:
                            failures=str(len(self.failed_outputs)), time=f"{self.seconds:.3f}")
         ET.SubElement(ET.SubElement(suite, "properties"), "property", name="mode", value=self.mode)
         for output in self.outputs:
-            case = ET.SubElement(suite, "testcase", classname="amp_rewrite.check", name=output.name)
+            case = ET.SubElement(suite, "testcase", classname="amp_rewrite.check", name=printable(output.name))
             if not output.passed:
-                failure = ET.SubElement(case, "failure", message=_failure_message(output))
+                failure = ET.SubElement(case, "failure", message=printable(_failure_message(output)))
                 failure.text = json.dumps(asdict(output.errors), default=float)
         return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 

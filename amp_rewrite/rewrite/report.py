@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Protocol
 
+from amp_rewrite.errors import printable_lines
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
@@ -94,7 +95,7 @@ class Report:
             lines.extend("  " + line for line in self.validation.summary().splitlines())
         breakdown = ", ".join(f"{stage} {seconds:.2f}" for stage, seconds in self.stages.items())
         lines.append(f"  time: {self.seconds:.2f} s" + (f" ({breakdown})" if breakdown else ""))
-        return "\n".join(lines)
+        return printable_lines(lines)
 
 
 _NODE_ROWS = ("fp32_reasons", "decisions")

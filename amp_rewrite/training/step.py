@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.external_data_helper
 from onnx import TensorProto, helper
 
 from amp_rewrite.autodiff import add_backward
@@ -215,7 +214,7 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
     opt = optimizer(optimizer_spec)
     proto, base_dir, _ = io.read_model(model, "train")
     if base_dir is not None:  # training holds the weights in memory anyway
-        onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
+        io.embed_external(proto, base_dir)
     original = onnx.ModelProto()
     original.CopyFrom(proto)
     constant_weights.lift(proto)
@@ -484,8 +483,6 @@ def save(step: TrainingStep, path: str | os.PathLike) -> None:
     stem = os.fspath(path)
     if step.encoder is not None:
         io.save(step.encoder, stem + ".encoder.onnx", None)
-    with open(stem + ".init.npz.part", "wb") as sink:
-        np.savez(sink, **step.initial)  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle too
+    io.save_arrays(Path(stem + ".init.npz"), step.initial)
     io.save_text(Path(stem + ".json"), step.spec.to_json())
     io.save(step.model, path, None)
-    os.replace(stem + ".init.npz.part", stem + ".init.npz")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -316,10 +315,7 @@ class Trainer:
         """A checkpoint: every carried value and the epoch it ends, written whole or not at all."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as handle:
-            # numpy's stub reads the arrays' names as its allow_pickle flag too: hence the ignore
-            np.savez(handle, **self.state(), **{EPOCH_KEY: np.array(epoch)})  # type: ignore[arg-type]
-        os.replace(handle.name, path)
+        io.save_arrays(path, {**self.state(), EPOCH_KEY: np.array(epoch)})
 
     def resume(self, path: str | os.PathLike) -> int:
         """Load a checkpoint (``save``); the epoch it ended."""

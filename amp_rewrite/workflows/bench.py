@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import onnx
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable_lines
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import LOW_TYPES
@@ -149,7 +149,7 @@ class BenchResult:
         if self.profile_note:
             lines.append(f"note: {self.profile_note}")
         lines.append(f"verdict: {self.verdict}")
-        return "\n".join(lines)
+        return printable_lines(lines)
 
 
 def bench(model, mixed: Sequence = (), provider: str | None = None, inputs: Sequence = (), random: int | None = None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
+from amp_rewrite.errors import printable_lines
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
@@ -65,7 +66,7 @@ class Validation:
             lines.append(f"  as deployed: {self.deployed}")
         if self.stopped:
             lines.append(f"  {self.stopped}")
-        return "\n".join(lines)
+        return printable_lines(lines)
 
 
 def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
