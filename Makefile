@@ -40,11 +40,13 @@ test-all:
 	$(MAKE) test ORT=gpu
 	$(MAKE) test ORT=cpu
 
-# The random-graph property tests of `make test` (tests/test_fuzz.py), with many more examples
-# from a random seed; hypothesis prints a failing example's model as ONNX text.
+# The fuzz tests of `make test` with many more examples from a random seed: random graphs
+# (tests/test_fuzz.py; hypothesis prints a failing example's model as ONNX text) and mutated model
+# files (tests/test_fuzz_models.py; its seed is printed, a failing model kept).
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
-	AMP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMP_FUZZ_RANDOM=1 $(PY) -m pytest -q tests/test_fuzz.py
+	AMP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) AMP_FUZZ_MODEL_EXAMPLES=$(FUZZ_EXAMPLES) AMP_FUZZ_RANDOM=1 \
+		$(PY) -m pytest -q -s tests/test_fuzz.py tests/test_fuzz_models.py
 
 # ruff over the code, then mypy over amp_rewrite with pyproject's [tool.mypy] (its strictness is set there).
 lint: install

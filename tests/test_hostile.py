@@ -9,12 +9,10 @@ process opens, so "not read" is observed, not inferred from the output.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,32 +20,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from amp_rewrite import cli
 from amp_rewrite.errors import printable
 from amp_rewrite.ir.io import length_delimited
+from tests import untrusted
+from tests.untrusted import SENTINEL, lay_out
 
-SENTINEL = b"SENTINEL-7f3a-not-for-models"
 SUBCOMMANDS = ("convert", "inspect", "check", "bench", "grad", "train-graph", "train")
-
-_opened: list[str] | None = None
-
-
-def _audit(event: str, args: tuple) -> None:
-    if _opened is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        _opened.append(os.fsdecode(args[0]))
-
-
-sys.addaudithook(_audit)
-
-
-@contextlib.contextmanager
-def _recording_opens() -> Iterator[list[str]]:
-    global _opened
-    _opened = []
-    try:
-        yield _opened
-    finally:
-        _opened = None
 
 
 def _model(initializer: TensorProto, node_name: str = "add", output: str = "y") -> onnx.ModelProto:
@@ -135,9 +113,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
 
 @pytest.fixture()
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "secret.txt").write_bytes(SENTINEL + b"\0" * 64)
-    for folder in ("models", "out"):
-        (tmp_path / folder).mkdir()
+    lay_out(tmp_path)
     x = np.ones((8, 4), np.float32)
     np.savez(tmp_path / "models" / "data.npz", x=x, labels=x)
     return tmp_path
@@ -157,53 +133,39 @@ def _argv(command: str, model: Path, out: Path) -> list[str]:
     }[command]
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, str, list[str]]:
-    with _recording_opens() as opened:
-        code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err, list(opened)
-
-
-def _outside(root: Path, opened: list[str]) -> list[str]:
-    """The files a traversal would reach that were opened: the sentinel beside the model's folder,
-    and what the deep traversal names (the process opens other system files of its own, unasked)."""
-    targets = {(root / "secret.txt").resolve(), Path("/etc/passwd").resolve()}
-    return [p for p in opened if Path(p).resolve() in targets]
-
-
 def _digests(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_hostile_model_gets_one_line_and_exit_2_and_nothing_outside_is_read(case, command, root, capsys):
+def test_a_hostile_model_gets_one_line_and_exit_2_and_nothing_outside_is_read(case, command, root):
     build, message = CASES[case]
     model = build(root / "models")
     before = _digests(root / "models")
-    code, out, err, opened = _run(_argv(command, model, root / "out"), capsys)
+    code, out, err, opened = untrusted.run(_argv(command, model, root / "out"))
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("amp-rewrite: error:") and message in lines[0], err
     assert list((root / "out").iterdir()) == [], "a partial output was left behind"
     assert _digests(root / "models") == before, "the input was modified"
-    assert not _outside(root, opened), f"opened outside the model's folder: {_outside(root, opened)}"
+    assert not untrusted.outside(root, opened), f"opened outside the model's folder: {untrusted.outside(root, opened)}"
     assert SENTINEL.decode() not in out + err
 
 
-def test_a_relative_location_inside_the_folder_still_loads(root, capsys):
+def test_a_relative_location_inside_the_folder_still_loads(root):
     """The checks refuse what leaves the folder, not external data as such: a file in a subfolder,
     spelled with a detour that stays inside, converts, and its values come through."""
     folder = root / "models"
     (folder / "weights").mkdir()
     _weights(folder / "weights", size=32)
     model = _write(folder, _model(_external("weights/../weights/w.bin", offset="16", length="16")))
-    code, _, err, opened = _run(["convert", str(model), "-o", str(root / "out" / "m.onnx")], capsys)
+    code, _, err, opened = untrusted.run(["convert", str(model), "-o", str(root / "out" / "m.onnx")])
     assert code == 0, err
     converted = onnx.load(str(root / "out" / "m.onnx"))
     values = onnx.numpy_helper.to_array(converted.graph.initializer[0]).astype(np.float32)
     np.testing.assert_array_equal(values, [4, 5, 6, 7])
-    assert not _outside(root, opened)
+    assert not untrusted.outside(root, opened)
 
 
 HOSTILE_NAMES = ("<script>alert(1)</script>", "../../x", "line\nforged: amp-rewrite: 100 of 100 float nodes",
@@ -224,7 +186,7 @@ def _named(name: str) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
-def test_names_from_models_cannot_inject_into_reports_pages_or_paths(name, root, capsys):
+def test_names_from_models_cannot_inject_into_reports_pages_or_paths(name, root):
     folder, out = root / "models", root / "out"
     model = _write(folder, _named(name))
     runs = {
@@ -236,7 +198,7 @@ def test_names_from_models_cannot_inject_into_reports_pages_or_paths(name, root,
         "train-graph": ["train-graph", str(model), "--loss", "mse", "--output", name, "-o", str(out / "step.onnx")],
     }
     for command, argv in runs.items():
-        code, stdout, stderr, _ = _run(argv, capsys)
+        code, stdout, stderr, _ = untrusted.run(argv)
         if command == "train-graph" and "\0" in name:  # the state's keys are names: a NUL would cut one short
             assert code == 2 and "NUL" in stderr and len(stderr.strip().splitlines()) == 1, stderr
             continue
@@ -258,10 +220,14 @@ def test_names_from_models_cannot_inject_into_reports_pages_or_paths(name, root,
         assert name + "_w" in initial.files, "the step's state keeps the parameter's name as a key, not a path"
 
 
-def test_an_npz_holding_pickled_objects_is_refused_unloaded(root, capsys, monkeypatch):
+def test_an_npz_holding_pickled_objects_is_refused_unloaded(root, monkeypatch):
     folder = root / "models"
     model = _write(folder, _model(helper.make_tensor("w", TensorProto.FLOAT, [4], [1, 2, 3, 4])))
-    np.savez(folder / "evil.npz", x=np.array([{"a": 1}, None], dtype=object), labels=np.ones((2, 4), np.float32))
+    objects, labels = np.array([{"a": 1}, None], dtype=object), np.ones((2, 4), np.float32)
+    np.savez(folder / "evil.npz", x=objects, labels=labels)
+    (folder / "evil").mkdir()
+    np.save(folder / "evil" / "x.npy", objects)
+    np.save(folder / "evil" / "labels.npy", labels)
     import pickle
 
     def refuse(*args, **kwargs):
@@ -272,9 +238,9 @@ def test_an_npz_holding_pickled_objects_is_refused_unloaded(root, capsys, monkey
     for argv in (["check", str(model), str(model), "--inputs", str(folder / "evil.npz")],
                  ["bench", str(model), "--inputs", str(folder / "evil.npz"), "--runs", "2"],
                  ["convert", str(model), "-o", str(root / "out" / "m.onnx"), "--inputs", str(folder / "evil.npz")],
-                 ["train", str(model), "--data", str(folder / "evil.npz"), "--loss", "mse", "--output", "y",
-                  "-o", str(root / "out" / "t.onnx")]):
-        code, _, err, _ = _run(argv, capsys)
+                 *(["train", str(model), "--data", str(folder / data), "--loss", "mse", "--output", "y",
+                    "-o", str(root / "out" / "t.onnx")] for data in ("evil.npz", "evil"))):
+        code, _, err, _ = untrusted.run(argv)
         assert code == 2, (argv[0], err)
-        assert len(err.strip().splitlines()) == 1 and "pickle" in err, (argv[0], err)
+        assert len(err.strip().splitlines()) == 1 and "never unpickles a data file" in err, (argv[0], err)
     assert list((root / "out").iterdir()) == []

@@ -15,7 +15,7 @@ from onnx import helper
 from amp_rewrite.cli.common import EXIT_OK, check_writable, coloring_arguments, training_arguments
 from amp_rewrite.cli.train_graph import build_step
 from amp_rewrite.errors import UserError
-from amp_rewrite.inputs.samples import read_npz
+from amp_rewrite.inputs.samples import read_arrays
 from amp_rewrite.ir import io
 from amp_rewrite.training.batching import Batching
 from amp_rewrite.training.graph_mode import MODES, fixed_extents
@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_best and not args.eval:
         raise UserError("--keep-best keeps the epoch with the lowest evaluation loss: give --eval")
     provider_options = _key_values(args.provider_options, "--provider-option")
-    train = read_data(args.data)
-    evaluation = read_data(args.eval) if args.eval else None
+    train = read_arrays(args.data)
+    evaluation = read_arrays(args.eval) if args.eval else None
     Schedule(args.schedule, args.warmup_steps, 0, args.step_size, args.gamma)  # its errors before the build
     batching = Batching.parse(args.batch_axes, args.fixed)
     step = _built(args, _first_batch(train, batching, args.batch_size))
@@ -180,21 +180,6 @@ def _first_batch(data: dict[str, np.ndarray], batching: Batching, size: int) -> 
     the whole ones: what the step's range check runs on first."""
     usable = [n for n, a in data.items() if batching.whole(n, a) or -np.ndim(a) <= batching.axis(n) < np.ndim(a)]
     return batching.take(data, usable, slice(0, size))
-
-
-def read_data(path: str) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file, or of a folder's NAME.npy files opened memory-mapped (data larger
-    than memory: a batch reads its rows)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return read_npz(path)
-    files = sorted(folder.glob("*.npy"))
-    if not files:
-        raise UserError(f"{path}: a data folder holds NAME.npy files, one per input and labels; it has none")
-    try:
-        return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in files}
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable .npy file ({exc})") from None
 
 
 def _key_values(items: list[str], flag: str) -> dict[str, str]:

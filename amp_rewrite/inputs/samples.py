@@ -19,7 +19,8 @@ import os
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from pathlib import Path
+from typing import IO, NamedTuple, TypeVar
 
 import numpy as np
 import onnx
@@ -102,14 +103,68 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of an .npz file, by name; a clear error for a missing or unreadable file."""
+    """The arrays of an .npz file, by name; a clear error for a missing or unreadable file, and for
+    one holding Python objects, which would be unpickled to load (a data file may be anyone's)."""
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
     except FileNotFoundError:
         raise UserError(f"data file not found: {path}") from None
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        _refuse_objects(path, [n for n in _members(path) if n.endswith(".npy")])
         raise UserError(f"not a readable .npz file: {path} ({type(exc).__name__})") from None
+
+
+def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file (``read_npz``), or of a folder's NAME.npy files opened memory-mapped
+    (data larger than memory: a batch reads its rows)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return read_npz(path)
+    files = sorted(folder.glob("*.npy"))
+    if not files:
+        raise UserError(f"{path}: a data folder holds NAME.npy files, one per input and labels; it has none")
+    try:
+        return {f.stem: np.load(f, mmap_mode="r", allow_pickle=False) for f in files}
+    except (OSError, ValueError) as exc:
+        for file in files:
+            _refuse_objects(file, [None])
+        raise UserError(f"{path}: not a readable .npy file ({exc})") from None
+
+
+PICKLE_REFUSAL = ("holds Python objects (an object array), which loading would unpickle: amp-rewrite never "
+                  "unpickles a data file; save numeric arrays")
+
+
+def _members(path: str | os.PathLike) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return []
+
+
+def _refuse_objects(path: str | os.PathLike, members: list[str | None]) -> None:
+    """Refuse ``path`` if one of its arrays (``members`` of an .npz; None: the .npy file itself) is of
+    objects, read from its header alone."""
+    for member in members:
+        try:
+            if member is None:
+                with open(path, "rb") as stream:
+                    objects = _holds_objects(stream)
+            else:
+                with zipfile.ZipFile(path) as archive, archive.open(member) as stream:
+                    objects = _holds_objects(stream)
+        except (OSError, ValueError, zipfile.BadZipFile):
+            continue
+        if objects:
+            raise UserError(f"{path}{f' ({member})' if member else ''} {PICKLE_REFUSAL}")
+
+
+def _holds_objects(stream: IO[bytes]) -> bool:
+    version = np.lib.format.read_magic(stream)
+    reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return bool(reader(stream)[2].hasobject)
 
 
 def load_npz(path: str | os.PathLike, model: onnx.ModelProto) -> Sample:

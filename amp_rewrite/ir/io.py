@@ -231,13 +231,14 @@ def _ir_base_dir(model) -> str | None:
 
 
 def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
-    """Every tensor holds what it claims before any is read: an embedded one (an initializer or a
-    node's tensor attribute, in any graph) the values of its type and shape (``embedded``); an
-    external one a regular file inside the model's folder (no link, nothing outside it) with the
-    bytes its offset, length, type and shape declare (``external``; the tensors a borrowing load
-    placed in the model's own file too)."""
+    """Every name is text and every tensor holds what it claims before any is read: an embedded
+    one (an initializer or a node's tensor attribute, in any graph) the values of its type and shape
+    (``embedded``); an external one a regular file inside the model's folder (no link, nothing
+    outside it) with the bytes its offset, length, type and shape declare (``external``; the tensors
+    a borrowing load placed in the model's own file too)."""
     sizes: dict[str, int] = {}  # by location: a file looked at once
     for graph in iter_graphs(model.graph):
+        _check_names(graph)
         for tensor in graph.initializer:
             info = external_location(tensor)
             if info is None:
@@ -261,6 +262,20 @@ def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
                                                           f"is named by node {printable(node.name)!r}'s attribute: "
                                                           "only initializers may hold external data")
                     embedded.check(tensor, f"node {printable(node.name)!r}'s tensor")
+
+
+def _check_names(graph: onnx.GraphProto) -> None:
+    """The graph's names are text: protobuf hands a string field that is not UTF-8 back as bytes,
+    which no reader of a name expects."""
+    for node in graph.node:
+        for name in (node.name, node.op_type, node.domain, *node.input, *node.output):
+            if isinstance(name, bytes):
+                raise UserError(f"node {printable(str(node.name))!r} has a name, type or value name that is not "
+                                f"UTF-8 text: {printable(name.decode('utf-8', 'backslashreplace'))!r}")
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        if isinstance(value.name, bytes):
+            raise UserError(f"graph {printable(str(graph.name))!r} names a value in bytes that are not UTF-8 text: "
+                            f"{printable(value.name.decode('utf-8', 'backslashreplace'))!r}")
 
 
 def embed_external(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> None:
