@@ -13,7 +13,7 @@ import math
 import onnx
 
 from amp_rewrite.errors import UserError, printable
-from amp_rewrite.ir.external import PER_BYTE, stored_bytes
+from amp_rewrite.ir.external import PER_BYTE, raw_size
 
 _PAIRS = frozenset({onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128})
 """Types whose typed field holds two numbers per value."""
@@ -37,7 +37,7 @@ def check(tensor: onnx.TensorProto, where: str) -> None:
     if tensor.HasField("raw_data"):
         if tensor.data_type == onnx.TensorProto.STRING:
             raise ClaimMismatch(f"{where} {name!r} holds strings as raw data, which ONNX does not allow")
-        held, needed = len(tensor.raw_data), stored_bytes(tensor)
+        held, needed = len(tensor.raw_data), raw_size(tensor)
         unit = "bytes"
     else:
         per = PER_BYTE.get(tensor.data_type)

@@ -11,6 +11,7 @@ is an ``UnsafeExternalData`` naming the tensor and the location, before a byte i
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import PurePosixPath, PureWindowsPath
@@ -57,13 +58,19 @@ PER_BYTE = {getattr(onnx.TensorProto, name): per
 """Types stored several values to a byte (raw data, and each element of ``int32_data``)."""
 
 
-def stored_bytes(tensor: onnx.TensorProto) -> int:
-    """The bytes the tensor's values take as raw data, from its type and shape alone."""
+def raw_size(tensor: onnx.TensorProto) -> int:
+    """The bytes a tensor's values take as raw data, from its type and shape alone (KeyError for a
+    type without a fixed size: strings, or a code ONNX does not define)."""
     count = math.prod(tensor.dims)
     per = PER_BYTE.get(tensor.data_type)
-    if per is not None:
-        return -(-count // per)
-    return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    return -(-count // per) if per else count * _itemsize(tensor.data_type)
+
+
+@functools.cache
+def _itemsize(data_type: int) -> int:
+    if data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        raise KeyError(data_type)
+    return onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
 def extent(tensor: onnx.TensorProto, info: dict[str, str], file_size: int) -> tuple[int, int]:
@@ -71,12 +78,14 @@ def extent(tensor: onnx.TensorProto, info: dict[str, str], file_size: int) -> tu
     once the declared offset and length are whole numbers, the length is what the tensor's type
     and shape need, and the file holds them."""
     location = info.get("location", "")
-    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
-        raise UnsafeExternalData(tensor.name, location, "is of a type that external data cannot hold")
     if any(d < 0 for d in tensor.dims):
         raise UnsafeExternalData(tensor.name, location, f"belongs to a tensor of negative dims {list(tensor.dims)}")
+    try:
+        needed = raw_size(tensor)
+    except (KeyError, ValueError):
+        raise UnsafeExternalData(tensor.name, location, f"belongs to a tensor of element type {tensor.data_type}, "
+                                                        "which external data cannot hold") from None
     offset, length = (_whole(tensor.name, location, info, key) for key in ("offset", "length"))
-    needed = stored_bytes(tensor)
     if length is not None and length != needed:
         raise UnsafeExternalData(tensor.name, location, f"declares {length} bytes where its type and shape "
                                                         f"{list(tensor.dims)} need {needed}")

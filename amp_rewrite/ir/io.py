@@ -22,9 +22,9 @@ from amp_rewrite.ir.tensors import (
     close_data_file,
     convert_embedded,
     data_file,
+    external_bytes,
     external_location,
     float32_values,
-    stored_bytes,
     stored_values,
     value_bytes,
 )
@@ -285,7 +285,7 @@ def embed_external(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -
     for tensor in initializers(model):
         info = external_location(tensor)
         if info is not None:
-            tensor.raw_data = stored_bytes(tensor, base_dir, info, external.stored_bytes(tensor))
+            tensor.raw_data = external_bytes(tensor, base_dir, info, external.raw_size(tensor))
             del tensor.external_data[:]
             tensor.data_location = onnx.TensorProto.DEFAULT
 

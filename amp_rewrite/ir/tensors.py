@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import threading
@@ -51,10 +50,10 @@ def stored_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, 
     """An external tensor's values (``info``: its ``external_location``) as its file stores
     them, in ``data_type`` (flat)."""
     dtype = onnx.helper.tensor_dtype_to_np_dtype(data_type)
-    return np.frombuffer(stored_bytes(tensor, base_dir, info, math.prod(tensor.dims) * dtype.itemsize), dtype=dtype)
+    return np.frombuffer(external_bytes(tensor, base_dir, info, math.prod(tensor.dims) * dtype.itemsize), dtype=dtype)
 
 
-def stored_bytes(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, info: dict[str, str],
+def external_bytes(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, info: dict[str, str],
                  size: int) -> bytes:
     """``size`` bytes of an external tensor's file from its offset, the file found by ``external.resolve``."""
     path = external.resolve(base_dir, info.get("location", ""), tensor.name)
@@ -172,12 +171,7 @@ class Fit:
 def value_bytes(tensor: onnx.TensorProto) -> int:
     """The bytes of a tensor's values, from its shape and element type (0 for strings), without
     reading its data (``raw_data`` is copied out on each read)."""
-    return math.prod(tensor.dims) * _itemsize(tensor.data_type)
-
-
-@functools.cache
-def _itemsize(data_type: int) -> int:
-    return 0 if data_type == onnx.TensorProto.STRING else onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    return 0 if tensor.data_type == onnx.TensorProto.STRING else external.raw_size(tensor)
 
 
 def judge_fit(array: np.ndarray, precision: Precision, underflow_share: float) -> Fit:
