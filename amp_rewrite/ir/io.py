@@ -7,6 +7,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import google.protobuf.message
 import numpy as np
@@ -591,16 +592,7 @@ def _copy(source, length: int, sink) -> None:
 
 def save_text(path: Path, text: str) -> None:
     """Write a text file atomically."""
-    temp = _temp_beside(path)
-    try:
-        with open(temp, "w") as sink:
-            sink.write(text)
-        os.replace(temp, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+    _write_atomically(path, lambda sink: sink.write(text.encode()))
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -610,10 +602,16 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     cut = next((name for name in arrays if "\0" in name), None)
     if cut is not None:
         raise UserError(f"tensor {printable(cut)!r} has a NUL character in its name, which an .npz key cannot hold")
+    # numpy's stub reads the arrays' names as its allow_pickle flag too: hence the ignore
+    _write_atomically(path, lambda sink: np.savez(sink, **arrays))  # type: ignore[arg-type]
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a file beside ``path`` that takes its name once whole; nothing is left otherwise."""
     temp = _temp_beside(path)
     try:
         with open(temp, "wb") as sink:
-            np.savez(sink, **arrays)  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle too
+            write(sink)
         os.replace(temp, path)
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror}") from None
