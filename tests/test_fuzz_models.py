@@ -25,9 +25,12 @@ import numpy as np
 
 EXAMPLES = int(os.environ.get("AMP_FUZZ_MODEL_EXAMPLES", "40"))
 RANDOM = os.environ.get("AMP_FUZZ_RANDOM", "") not in ("", "0")
-MEMORY_BUDGET_MIB = 1536
-"""Peak resident memory of the fuzz process, and of its largest child: the seeds are tiny, so a
-mutation that makes amp-rewrite allocate what a tensor's dims claim shows up here."""
+BUDGET_MIB = {"process": 2048, "child": 6144}
+"""Peak resident memory of the fuzz process, and of its largest child: a mutation that makes
+amp-rewrite allocate what a tensor's dims claim shows up here. The child's is larger by design: the
+range check's last candidate inputs (``inputs.samples.LONGER_DIMS``, up to 8192 long) are tried when
+a run fails inside the model, and a mutated model that fails so whatever the extents (a LayerNorm's
+axis set to 2**31) runs its attention at that length."""
 
 
 def _seeds(folder: Path) -> list[tuple[bytes, bytes | None]]:
@@ -80,10 +83,18 @@ def fuzz(examples: int, seed: int, folder: Path) -> dict:
                 problems.append(f"{argv[0]} on {kept}: {problem}")
             for written in (root / "out").iterdir():
                 written.rename(root / "models" / written.name)
-    usage = {who: resource.getrusage(who).ru_maxrss // 1024
-             for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)}
-    return {"seed": seed, "examples": examples, "counts": counts, "problems": problems,
-            "peak_mib": usage[resource.RUSAGE_SELF], "peak_child_mib": usage[resource.RUSAGE_CHILDREN]}
+        for who, peak in _peaks().items():
+            if peak >= BUDGET_MIB[who] and not any(p.startswith(f"{who} memory") for p in problems):
+                kept = folder / f"memory-{example}.onnx"
+                kept.write_bytes(model)
+                problems.append(f"{who} memory past {BUDGET_MIB[who]} MiB ({peak} MiB) on {kept}")
+    return {"seed": seed, "examples": examples, "counts": counts, "problems": problems, "peak_mib": _peaks()}
+
+
+def _peaks() -> dict[str, int]:
+    """Peak resident memory so far, in MiB: of this process, and of its largest child."""
+    return {who: resource.getrusage(kind).ru_maxrss // 1024
+            for who, kind in (("process", resource.RUSAGE_SELF), ("child", resource.RUSAGE_CHILDREN))}
 
 
 def _problem(done, kind: str, root: Path) -> str | None:
@@ -116,7 +127,7 @@ def test_mutated_models_get_a_result_or_one_line(tmp_path: Path) -> None:
                for kind in ("result", "refused")) == 2 * EXAMPLES
     assert summary["counts"].get("convert refused", 0) > 0 and summary["counts"].get("convert result", 0) > 0, \
         "the mutations should both break models and leave some valid"
-    assert summary["peak_mib"] < MEMORY_BUDGET_MIB and summary["peak_child_mib"] < MEMORY_BUDGET_MIB, summary
+    assert all(summary["peak_mib"][who] < budget for who, budget in BUDGET_MIB.items()), summary
 
 
 if __name__ == "__main__":

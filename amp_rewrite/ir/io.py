@@ -61,6 +61,11 @@ def load(path: str | os.PathLike, borrow: int = 0) -> onnx.ModelProto:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
+    _text("the model's opset imports", *(o.domain for o in model.opset_import))
+    for function in model.functions:
+        _text(f"function {printable(str(function.name))!r}", function.name, function.domain, *function.input,
+              *function.output, *function.attribute)
+        _check_node_names(function.node)
     _check_tensors(model, path.parent)
     if borrow:
         close_data_file(path)
@@ -267,16 +272,35 @@ def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
 
 def _check_names(graph: onnx.GraphProto) -> None:
     """The graph's names are text: protobuf hands a string field that is not UTF-8 back as bytes,
-    which no reader of a name expects."""
-    for node in graph.node:
-        for name in (node.name, node.op_type, node.domain, *node.input, *node.output):
-            if isinstance(name, bytes):
-                raise UserError(f"node {printable(str(node.name))!r} has a name, type or value name that is not "
-                                f"UTF-8 text: {printable(name.decode('utf-8', 'backslashreplace'))!r}")
-    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
-        if isinstance(value.name, bytes):
-            raise UserError(f"graph {printable(str(graph.name))!r} names a value in bytes that are not UTF-8 text: "
-                            f"{printable(value.name.decode('utf-8', 'backslashreplace'))!r}")
+    which no reader of a name expects (node, value and attribute names, op types and domains, and
+    the dimension names of declared types)."""
+    _check_node_names(graph.node)
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        _text(f"value {printable(str(value.name))!r}", value.name, *_dim_names(value.type))
+    _text(f"graph {printable(str(graph.name))!r}", graph.name, *(t.name for t in graph.initializer))
+
+
+def _check_node_names(nodes) -> None:
+    for node in nodes:
+        _text(f"node {printable(str(node.name))!r}", node.name, node.op_type, node.domain, *node.input, *node.output,
+              *(a.name for a in node.attribute))
+
+
+def _dim_names(type_proto: onnx.TypeProto) -> Iterator[str | bytes]:
+    kind = type_proto.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        yield from (d.dim_param for d in getattr(type_proto, kind).shape.dim)
+    elif kind in ("sequence_type", "optional_type"):
+        yield from _dim_names(getattr(type_proto, kind).elem_type)
+    elif kind == "map_type":
+        yield from _dim_names(type_proto.map_type.value_type)
+
+
+def _text(owner: str, *names: str | bytes) -> None:
+    bad = next((n for n in names if isinstance(n, bytes)), None)
+    if bad is not None:
+        raise UserError(f"{owner} holds a name that is not UTF-8 text: "
+                        f"{printable(bad.decode('utf-8', 'backslashreplace'))!r}")
 
 
 def embed_external(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> None:
