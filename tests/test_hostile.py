@@ -244,3 +244,24 @@ def test_an_npz_holding_pickled_objects_is_refused_unloaded(root, monkeypatch):
         assert code == 2, (argv[0], err)
         assert len(err.strip().splitlines()) == 1 and "never unpickles a data file" in err, (argv[0], err)
     assert list((root / "out").iterdir()) == []
+
+
+def test_the_python_api_refuses_the_same_models_whatever_form_they_come_in(root):
+    """A path, and an onnx_ir model loaded from it (whose external tensors keep their location
+    and folder), are refused by ``convert`` and ``gradient_model`` as the command line refuses them."""
+    import onnx_ir as ir
+
+    import amp_rewrite
+    from amp_rewrite.autodiff.gradient import gradient_model
+    from amp_rewrite.ir.external import UnsafeExternalData
+
+    model = _write(root / "models", _model(_external("../secret.txt")))
+    with untrusted.recording_opens() as opened:
+        for form in (str(model), ir.load(str(model))):
+            output = str(root / "out" / "m.onnx") if isinstance(form, str) else None  # in-memory: returned
+            with pytest.raises(UnsafeExternalData, match="points outside the model's folder"):
+                amp_rewrite.convert(form, output)
+            with pytest.raises(UnsafeExternalData):
+                gradient_model(form, "y")
+    assert not untrusted.outside(root, list(opened))
+    assert list((root / "out").iterdir()) == []

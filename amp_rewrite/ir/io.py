@@ -256,9 +256,8 @@ def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
                                                   "conversion under way, which no saved model holds")
             location = info.get("location", "")
             if location not in sizes:
-                data = external.resolve(base_dir, location, tensor.name)
-                sizes[location] = os.stat(data).st_size
-                close_data_file(data)
+                sizes[location] = os.stat(external.resolve(base_dir, location, tensor.name)).st_size
+                close_data_file(base_dir / location)  # a kept descriptor may be of a file since replaced
             external.extent(tensor, info, sizes[location])
         for node in graph.node:
             for attr in node.attribute:

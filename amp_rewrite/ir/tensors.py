@@ -6,7 +6,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,11 +55,13 @@ def stored_values(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, 
 
 def external_bytes(tensor: onnx.TensorProto, base_dir: str | os.PathLike | None, info: dict[str, str],
                  size: int) -> bytes:
-    """``size`` bytes of an external tensor's file from its offset, the file found by ``external.resolve``."""
-    path = external.resolve(base_dir, info.get("location", ""), tensor.name)
+    """``size`` bytes of an external tensor's file from its offset, the file opened once
+    ``external.resolve`` allowed it."""
+    location = info.get("location", "")
+    path = os.path.join(base_dir or ".", location)
     offset = int(info.get("offset") or 0)  # ``external.extent`` checked it when the model was loaded
     try:
-        data = _DATA_FILES.read(path, offset, size)
+        data = _DATA_FILES.read(path, offset, size, lambda: external.resolve(base_dir, location, tensor.name))
     except OSError as exc:
         raise UserError(f"cannot read external data of tensor {printable(tensor.name)!r}: {exc.strerror}: "
                         f"{path}") from None
@@ -94,14 +96,16 @@ class _DataFiles:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._after_fork)
 
-    def read(self, path: str, offset: int, size: int) -> bytes:
+    def read(self, path: str, offset: int, size: int, allowed: Callable[[], str]) -> bytes:
+        """``size`` bytes at ``offset`` of the file ``path``; ``allowed()`` (the path once checked,
+        or an error) is asked whenever the file is opened: a kept descriptor is of a file that was."""
         if not hasattr(os, "pread"):  # no positioned reads (Windows): a file of its own
-            with open(path, "rb") as f:
+            with open(allowed(), "rb") as f:
                 f.seek(offset)
                 return f.read(size)
         path = os.path.abspath(path)
         with self._lock:  # held while reading: a descriptor is closed only when no read uses it
-            kept = self._open.pop(path, None) or _DataFile(os.open(path, os.O_RDONLY))
+            kept = self._open.pop(path, None) or _DataFile(os.open(allowed(), os.O_RDONLY | _NO_FOLLOW))
             self._open[path] = kept
             while len(self._open) > self.KEPT:
                 os.close(self._open.popitem(last=False)[1].fd)
@@ -115,6 +119,10 @@ class _DataFiles:
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""A link put in the checked file's place between the check and the open is refused, not followed."""
 
 
 class _DataFile:
