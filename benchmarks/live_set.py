@@ -6,7 +6,7 @@ whole step ("kept"); every value a node makes is live from that node to its last
 output of the step: to the end). The peak of the live set is what an allocator with perfect
 reuse would need beside the kept tensors, in this order; ONNX Runtime's order and arena
 differ, which is what the device measurement (``train_bench``'s device memory) shows against
-it (TRAINING-SPEED.md, "Memory"). Runs on any machine: nothing is executed.
+it (docs/training-speed.md, "Memory"). Runs on any machine: nothing is executed.
 
     python benchmarks/live_set.py [--batches 32,256,512] [--image-size 256] [--precision float16]
         [--conv-weight-grad direct] [--batchnorm-formulation layer-norm|decomposed] [--top 8]

@@ -3,7 +3,7 @@
 Per parameter (``build(flat_state="off")``), the step unscales, checks, clips and updates each
 parameter's gradient with nodes of its own, and carries each optimizer state (and gradient sum of
 ``accumulation``) per parameter: every formula term is as many nodes as there are parameters, on a
-GPU as many kernel launches (docs TRAINING-SPEED.md, on launches). Flat ("on"), the float32
+GPU as many kernel launches (docs/training-speed.md, item 5). Flat ("on"), the float32
 gradients are flattened (row-major) and concatenated in the parameters' order into one vector;
 each optimizer state and the gradient sum is one carried vector in that layout; every formula term
 is one node over all parameters, and every kept-or-updated choice one ``Where`` per vector. The

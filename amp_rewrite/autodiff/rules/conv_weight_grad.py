@@ -52,7 +52,7 @@ def checked(mode: str) -> str:
     return mode
 
 
-# -- the rule's thresholds (from the training-speed plan's analysis, TRAINING-SPEED.md item 1; not measured) --
+# -- the rule's thresholds (from docs/training-speed.md, item 1: arithmetic, not measured) --
 SPLIT_MIN_SAMPLES = 16
 """Samples per part of a split batch: each group of the grouped Conv contracts over at least 16
 channels, a whole Tensor Core tile in float16."""
@@ -184,7 +184,7 @@ def choose(shape: ConvShape, mode: str) -> Choice:
     where the batch splits (g >= 2 parts of N/g >= 16 samples) and dW is small enough that the
     direct Conv cannot fill the device, else ``direct``; float64 and tiny gradients (under
     2**27 multiply-adds) stay direct, and ``transposed`` is never chosen. These thresholds come
-    from the arithmetic of the training-speed plan (TRAINING-SPEED.md, item 1: output tiles
+    from the arithmetic of docs/training-speed.md (item 1: output tiles
     against 132 SMs), not from a measurement: they await the GPU probe's timings (train_probe.py,
     section ``wgrad``, recorded in benchmarks/RESULTS.md), which may move them or let
     ``transposed`` win some shapes."""
