@@ -106,7 +106,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
         lambda d: _write(d, _model(TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 40],
                                                raw_data=b"\0" * 16))), "holds 16 bytes where its type and shape"),
     "malformed protobuf": (lambda d: _write(d, b"\x0a\xff\xff\xff\xff\x0f" + SENTINEL), "not a readable ONNX model"),
-    "not protobuf": (lambda d: _write(d, b"<html><script>alert(1)</script></html>"), "not"),
+    "not protobuf": (lambda d: _write(d, b"<html><script>alert(1)</script></html>"), "not a readable ONNX model"),
     "nesting past the parser's limit": (lambda d: _write(d, _nested_ifs(120)), "not a readable ONNX model"),
 }
 
