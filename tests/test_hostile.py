@@ -105,6 +105,11 @@ CASES: dict[str, tuple[Callable[[Path], Path], str]] = {
     "embedded dims claiming more than its bytes": (
         lambda d: _write(d, _model(TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 40],
                                                raw_data=b"\0" * 16))), "holds 16 bytes where its type and shape"),
+    "location not UTF-8": (lambda d: (_weights(d), _write(d, _model(_external("w.bin")).SerializeToString().replace(
+        b"w.bin", b"w\xf4bin")))[1], "holds a name that is not UTF-8 text"),
+    "node name not UTF-8": (lambda d: _write(d, _model(helper.make_tensor("w", TensorProto.FLOAT, [4], [1, 2, 3, 4]),
+                                                       node_name="abcdef").SerializeToString().replace(
+        b"abcdef", b"abc\xffef")), "holds a name that is not UTF-8 text"),
     "malformed protobuf": (lambda d: _write(d, b"\x0a\xff\xff\xff\xff\x0f" + SENTINEL), "not a readable ONNX model"),
     "not protobuf": (lambda d: _write(d, b"<html><script>alert(1)</script></html>"), "not a readable ONNX model"),
     "nesting past the parser's limit": (lambda d: _write(d, _nested_ifs(120)), "not a readable ONNX model"),

@@ -246,6 +246,8 @@ def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
     for graph in iter_graphs(model.graph):
         _check_names(graph)
         for tensor in graph.initializer:
+            _text(f"the external data of initializer {printable(str(tensor.name))!r}",
+                  *(field for entry in tensor.external_data for field in (entry.key, entry.value)))
             info = external_location(tensor)
             if info is None:
                 embedded.check(tensor, "initializer")
@@ -262,6 +264,7 @@ def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
         for node in graph.node:
             for attr in node.attribute:
                 for tensor in (attr.t, ) if attr.HasField("t") else attr.tensors:
+                    _text(f"a tensor of node {printable(node.name)!r}", tensor.name)
                     if tensor.data_location == onnx.TensorProto.EXTERNAL:
                         raise external.UnsafeExternalData(tensor.name, data_file(tensor) or "",
                                                           f"is named by node {printable(node.name)!r}'s attribute: "
@@ -276,7 +279,8 @@ def _check_names(graph: onnx.GraphProto) -> None:
     _check_node_names(graph.node)
     for value in (*graph.input, *graph.output, *graph.value_info):
         _text(f"value {printable(str(value.name))!r}", value.name, *_dim_names(value.type))
-    _text(f"graph {printable(str(graph.name))!r}", graph.name, *(t.name for t in graph.initializer))
+    _text(f"graph {printable(str(graph.name))!r}", graph.name, *(t.name for t in graph.initializer),
+          *(name for t in graph.sparse_initializer for name in (t.values.name, t.indices.name)))
 
 
 def _check_node_names(nodes) -> None:
