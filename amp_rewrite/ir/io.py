@@ -61,12 +61,7 @@ def load(path: str | os.PathLike, borrow: int = 0) -> onnx.ModelProto:
         raise UserError(f"not a readable ONNX model: {path} ({type(exc).__name__})") from None
     if not model.HasField("graph") or not model.opset_import:
         raise UserError(f"not an ONNX model (no graph or opset): {path}")
-    _text("the model's opset imports", *(o.domain for o in model.opset_import))
-    for function in model.functions:
-        _text(f"function {printable(str(function.name))!r}", function.name, function.domain, *function.input,
-              *function.output, *function.attribute)
-        _check_node_names(function.node)
-    _check_tensors(model, path.parent)
+    _check_contents(model, path.parent)
     if borrow:
         close_data_file(path)
     return model
@@ -236,12 +231,17 @@ def _ir_base_dir(model) -> str | None:
     return None
 
 
-def _check_tensors(model: onnx.ModelProto, base_dir: Path) -> None:
+def _check_contents(model: onnx.ModelProto, base_dir: Path) -> None:
     """Every name is text and every tensor holds what it claims before any is read: an embedded
     one (an initializer or a node's tensor attribute, in any graph) the values of its type and shape
     (``embedded``); an external one a regular file inside the model's folder (no link, nothing
     outside it) with the bytes its offset, length, type and shape declare (``external``; the tensors
     a borrowing load placed in the model's own file too)."""
+    _text("the model's opset imports", *(o.domain for o in model.opset_import))
+    for function in model.functions:
+        _text(f"function {printable(str(function.name))!r}", function.name, function.domain, *function.input,
+              *function.output, *function.attribute)
+        _check_node_names(function.node)
     sizes: dict[str, int] = {}  # by location: a file looked at once
     for graph in iter_graphs(model.graph):
         _check_names(graph)
@@ -309,7 +309,7 @@ def _text(owner: str, *names: str | bytes) -> None:
 def embed_external(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> None:
     """Read every external tensor's bytes into ``model`` (from ``base_dir``, the folder of the model
     file that names them), each checked as ``load`` checks it: the model then holds its weights."""
-    _check_tensors(model, Path(base_dir or os.curdir))
+    _check_contents(model, Path(base_dir or os.curdir))
     for tensor in initializers(model):
         info = external_location(tensor)
         if info is not None:
