@@ -31,6 +31,10 @@ amp-rewrite allocate what a tensor's dims claim shows up here. The child's is la
 range check's last candidate inputs (``inputs.samples.LONGER_DIMS``, up to 8192 long) are tried when
 a run fails inside the model, and a mutated model that fails so whatever the extents (a LayerNorm's
 axis set to 2**31) runs its attention at that length."""
+CHILD_TIMEOUT = 120.0
+"""Seconds the fuzz gives each run of ONNX Runtime (``isolate.DEFAULT_TIMEOUT``, 900 s elsewhere):
+a mutated trip count makes a Loop of trillions of iterations, which only the timeout ends (a
+refusal, as any stopped run), and the fuzz would wait for it in every subcommand."""
 
 
 def _seeds(folder: Path) -> list[tuple[bytes, bytes | None]]:
@@ -48,8 +52,11 @@ def _seeds(folder: Path) -> list[tuple[bytes, bytes | None]]:
 
 
 def fuzz(examples: int, seed: int, folder: Path) -> dict:
+    from amp_rewrite.runtime import isolate
     from models.mutations import mutant
     from tests import untrusted
+
+    isolate.DEFAULT_TIMEOUT = CHILD_TIMEOUT
 
     rng = np.random.default_rng(seed)
     seeds = _seeds(folder)

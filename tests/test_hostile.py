@@ -158,6 +158,26 @@ def test_a_hostile_model_gets_one_line_and_exit_2_and_nothing_outside_is_read(ca
     assert SENTINEL.decode() not in out + err
 
 
+def test_a_loop_of_trillions_of_trips_is_stopped_by_the_timeout_in_bounded_memory(root, monkeypatch):
+    """The byte fuzz's find: a Loop whose trip count was mutated to 2**43+3. The range check's
+    run is stopped at its timeout (2 s here) and the conversion reports it, written without
+    ranges; ``check`` refuses in one line. The measuring child's memory does not grow with the
+    iterations (``test_stages``: a Loop's statistics are one running row)."""
+    from amp_rewrite.runtime import isolate
+    from models.builders import control_flow
+
+    monkeypatch.setattr(isolate, "DEFAULT_TIMEOUT", 2.0)
+    m = control_flow(width=4)
+    at = next(i for i, t in enumerate(m.graph.initializer) if t.name == "trips")
+    m.graph.initializer[at].CopyFrom(onnx.numpy_helper.from_array(np.array(2**43 + 3, np.int64), "trips"))
+    model = _write(root / "models", m)
+    code, out, err, _ = untrusted.run(_argv("convert", model, root / "out"))
+    assert code == 0 and "range check: NOT RUN" in out and "did not finish within 2 s" in out, err
+    code, out, err, _ = untrusted.run(_argv("check", model, root / "out"))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "did not finish within 2 s" in lines[0], err
+
+
 def test_a_relative_location_inside_the_folder_still_loads(root):
     """The checks refuse what leaves the folder, not external data as such: a file in a subfolder,
     spelled with a detour that stays inside, converts, and its values come through."""

@@ -36,6 +36,15 @@ def test_a_hang_is_stopped_after_the_timeout() -> None:
     assert time.perf_counter() - started < 10
 
 
+def test_a_child_allocating_past_its_memory_budget_is_one_error_and_the_next_child_runs(monkeypatch) -> None:
+    """The budget is what the child may allocate beyond its caller's data: 64 MiB here, and an
+    array of 2 GiB asked for (numpy's MemoryError in the child, OutOfMemory here)."""
+    monkeypatch.setattr(isolate, "memory_budget", lambda: 64 << 20)
+    with pytest.raises(isolate.OutOfMemory, match=r"^demo ran out of memory while filling "):
+        isolated(lambda progress: progress("filling") or float(np.ones(1 << 28).sum()), "demo")
+    assert isolated(lambda progress: float(np.ones(1 << 20).sum()), "demo") == 1 << 20
+
+
 def test_results_and_exceptions_come_back_as_they_are() -> None:
     assert isolated(lambda progress: {"a": np.arange(3)}, "demo")["a"].tolist() == [0, 1, 2]
     with pytest.raises(UserError, match="bad input"):

@@ -170,3 +170,38 @@ def test_a_nested_value_measured_in_the_graph_counts_only_its_finite_elements() 
     assert staged == _at_once(m, keys, data)
     assert staged[next(k for k in keys if k[1] == "masked")].max_abs == 4.0
     assert staged[next(k for k in keys if k[1] == "minus_inf")] == expose.ValueStats(0.0, 0, 0, 0)
+
+
+def _with_trips(m: onnx.ModelProto, trips: int) -> onnx.ModelProto:
+    from onnx import numpy_helper
+
+    at = next(i for i, t in enumerate(m.graph.initializer) if t.name == "trips")
+    m.graph.initializer[at].CopyFrom(numpy_helper.from_array(np.array(trips, np.int64), "trips"))
+    return m
+
+
+def test_a_loop_carries_its_values_statistics_as_one_running_row_whatever_its_trip_count() -> None:
+    """A value inside a Loop body comes out as one row (a loop-carried value, not a scan output
+    of a row per iteration, which a Loop of 10**13 trips grows without bound) holding what every
+    iteration's value gives, measured here in numpy."""
+    m = _with_trips(control_flow(width=4), 50)
+    loop = next(n for n in m.graph.node if n.op_type == "Loop")
+    body = {n.name: n.output[0] for n in loop.attribute[0].g.node if n.name in ("body_matmul", "body_tanh", "body_add")}
+    keys = [k for k in expose.float_values(m) if k[0] and k[1] in body.values()]
+    carried_in = next(n for n in m.graph.node if n.op_type == "If").output[0]
+    exposed = expose.expose(m, [*keys, (0, carried_in), (0, "projected")], THRESHOLD)
+    data = samples.generate(m, 1, seed=3)[0]
+    results = instrument.run(instrument.session(exposed.model), data)
+    assert len(exposed.stats) == 3 and all(results[name].shape == (4,) for name in exposed.stats)
+    weight = next(onnx.numpy_helper.to_array(t) for t in m.graph.initializer
+                  if t.name == loop.attribute[0].g.node[0].input[1])
+    carried, seen = results[carried_in], {name: [] for name in body}
+    for _ in range(50):
+        product = carried @ weight
+        carried = np.tanh(product) + results["projected"]
+        for name, value in zip(("body_matmul", "body_tanh", "body_add"), (product, np.tanh(product), carried)):
+            seen[name].append(expose.ValueStats.of(value, THRESHOLD))
+    measured = expose.measure(exposed, results, THRESHOLD)
+    for name, rows in seen.items():
+        got, want = measured[next(k for k in keys if k[1] == body[name])], expose.merge({0: r} for r in rows)[0]
+        assert got[1:] == want[1:] and got.max_abs == pytest.approx(want.max_abs, rel=1e-5), name

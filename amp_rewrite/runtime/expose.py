@@ -4,8 +4,10 @@
 top-level value becomes a graph output as it is; a value inside an If, Loop or
 Scan body is reduced in the body to a statistics vector
 ``[max |x|, nonzero elements, elements below each of two thresholds]`` that is carried out
-through each enclosing control-flow node (as a Loop or Scan scan output, or an
-If output with an empty stand-in in the other branch). One run of that model
+through each enclosing control-flow node: out of a Loop as a loop-carried running row (its
+size does not grow with the iterations, which a model may make trillions), out of a Scan as
+a scan output (one row per element of data present), out of an If as an output with an empty
+stand-in in the other branch. One run of that model
 measures every value of the model, nested ones included; ``measure`` and ``merge`` read
 the runs' results into statistics per value. Nothing here runs ONNX Runtime
 (``instrument`` does).
@@ -284,6 +286,8 @@ class _StatBuilder:
     def _carry_out(self, graph_id: int, name: str) -> tuple[str, int]:
         """Make ``name`` an output of its body and of the owning node; return the node's new output."""
         owner = self.index.nodes[self.owner[graph_id]]
+        if owner.op_type == "Loop":
+            return self._accumulate(owner.proto, graph_id, name), owner.graph
         bodies = [a for a in owner.proto.attribute if a.type == AttributeProto.GRAPH]
         for attr, body_id in zip(bodies, self.index.subgraphs[owner.id]):
             body = attr.g
@@ -299,6 +303,29 @@ class _StatBuilder:
         carried = self.root.names.fresh(STAT_PREFIX + "_carried")
         owner.proto.output.append(carried)
         return carried, owner.graph
+
+    def _accumulate(self, loop: onnx.NodeProto, body_id: int, stat: str) -> str:
+        """Carry the rows ``stat`` out of a Loop as a loop-carried row, each iteration's rows merged
+        into it (the largest peak, the sums of the counts), starting from zeros (a Constant first in
+        the Loop's graph); return the Loop's new output, the row after the last iteration."""
+        names, body = self.root.names, self.index.graphs[body_id].proto
+        carried = len(loop.input) - 2  # after the trip count and the condition
+        before = names.fresh(STAT_PREFIX + "_running")
+        b = self._builder(body_id)
+        rows = b.op("Concat", b.op("Reshape", before, b.ints([1, 4])), b.op("Reshape", stat, b.ints([-1, 4])), axis=0)
+        peak = b.op("Gather", b.axes_op("ReduceMax", rows, [0], keepdims=0), b.ints([0]), axis=0)
+        counts = b.op("Gather", b.reduce_sum(rows, [0], keepdims=0), b.ints([1, 2, 3]), axis=0)
+        after = b.op("Concat", peak, counts, axis=0)
+        body.input.append(helper.make_tensor_value_info(before, TensorProto.FLOAT, [4]))
+        body.output.insert(1 + carried, helper.make_tensor_value_info(after, TensorProto.FLOAT, [4]))
+        start = names.fresh(STAT_PREFIX + "_start")
+        self.index.graphs[self.index.nodes[self.owner[body_id]].graph].proto.node.insert(
+            0, helper.make_node("Constant", [], [start], name=names.fresh(start + "_node"),
+                                value=numpy_helper.from_array(np.zeros(4, np.float32))))
+        loop.input.append(start)
+        final = names.fresh(STAT_PREFIX + "_carried")
+        loop.output.insert(carried, final)
+        return final
 
 
 def measure(exposed: Exposed, results: Mapping[str, np.ndarray],

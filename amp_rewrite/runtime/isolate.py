@@ -3,9 +3,9 @@
 ``isolated(work, what)`` runs ``work`` in a child process and returns what it returns
 (``Started`` is the same, for work that runs while the caller goes on). A Python
 exception in the child comes back as the same exception; a crash (a segfault in ONNX
-Runtime, the out-of-memory killer) or a run past ``timeout`` becomes one
-:class:`UserError` that says which step was running, taken from the last
-``progress(text)`` the work reported.
+Runtime, the out-of-memory killer), a run past ``timeout`` or past the child's memory budget
+(``memory_budget``) becomes one :class:`UserError` that says which step was running, taken
+from the last ``progress(text)`` the work reported.
 
 Two kinds of child. By default the work runs in a child forked for it, which inherits the
 caller's memory: models and samples are not copied, only the result crosses back, pickled.
@@ -36,6 +36,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import resource
 import signal
 import tempfile
 import threading
@@ -53,7 +54,12 @@ T = TypeVar("T")
 Progress = Callable[[str], None]
 
 DEFAULT_TIMEOUT = 900.0
-"""Seconds a piece of isolated work may run before it is taken for a hang."""
+"""Seconds a piece of isolated work may run before it is taken for a hang (read when the work starts)."""
+MEMORY_SHARE = 0.75
+"""The share of the machine's physical memory a child may allocate beyond what it inherits from
+its caller (``memory_budget``): work on an untrusted model (a Loop of 10**13 iterations, a shape
+that a mutated model makes huge) ends in ``OutOfMemory`` rather than in the system's
+out-of-memory killer, which may pick another process."""
 WORKER_IDLE = 60.0
 """Seconds the worker waits for work before it exits; the caller sends none to a worker idle
 for half of that (so none to one that is exiting)."""
@@ -75,6 +81,10 @@ that converts many small models would pay these imports in every conversion's ch
 
 class NativeFailure(UserError):
     """ONNX Runtime crashed or hung in the child process."""
+
+
+class OutOfMemory(NativeFailure):
+    """The child process allocated past its memory budget (``memory_budget``)."""
 
 
 class Hung(NativeFailure):
@@ -115,9 +125,39 @@ class _CpuWatch:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT) -> T:
-    """``work(progress)`` in a child process; ``what`` names the work in error messages."""
+def isolated(work: Callable[[Progress], T], what: str, timeout: float | None = None) -> T:
+    """``work(progress)`` in a child process; ``what`` names the work in error messages; ``timeout``
+    in seconds, ``DEFAULT_TIMEOUT`` where None."""
     return Started(work, what, timeout).result()
+
+
+def memory_budget() -> int | None:
+    """Bytes a child may allocate beyond what it inherits: ``MEMORY_SHARE`` of physical memory
+    (None where the system does not say how much there is)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * MEMORY_SHARE)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bound_memory(budget: int | None) -> None:
+    """In a child: its data (heap and private writable mappings, ``RLIMIT_DATA``) limited to what it
+    inherited plus ``budget``; an allocation past it fails (``MemoryError`` in Python, a failed
+    allocation in ONNX Runtime) rather than growing until the system kills a process."""
+    if budget is None or not hasattr(resource, "RLIMIT_DATA"):
+        return
+    try:
+        status = Path("/proc/self/status").read_text()
+        inherited = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return  # no /proc: the child runs unbounded, as before
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = inherited + budget
+    for bound in (soft, hard):
+        if bound != resource.RLIM_INFINITY:
+            limit = min(limit, bound)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
 _refused: str | None = None
@@ -157,13 +197,14 @@ class Started(Generic[T]):
     for itself, beside its caller, and runs in a child of its own; only a process that isolates
     work again pays for the imports up front (``CHILD_IMPORTS``) and for a worker."""
 
-    def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = DEFAULT_TIMEOUT,
+    def __init__(self, work: Callable[[Progress], T], what: str, timeout: float | None = None,
                  portable: bool = False) -> None:
         again = Started._count > 0
         Started._count += 1
         if again:
             _import_child_modules()
-        self.what, self.timeout, self.step, self.done = what, timeout, "starting", False
+        self.what, self.step, self.done = what, "starting", False
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         self.spill = self.waiting = self.local = self.worker = None
         if in_process():
             self.local = work
@@ -218,6 +259,9 @@ class Started(Generic[T]):
                     self.spill.seek(0)
                     kind, payload = pickle.load(self.spill)
                 self._finish()
+                if kind == _RAISED and isinstance(payload, MemoryError):
+                    raise OutOfMemory(f"{self.what} ran out of memory while {self.step} (a child may allocate "
+                                      f"{(memory_budget() or 0) >> 20:,} MiB beyond its caller's)") from None
                 if kind == _RAISED:
                     raise payload
                 return payload
@@ -227,11 +271,10 @@ class Started(Generic[T]):
 
     def _wait(self) -> None:
         """Until the child sends something: ``timeout`` seconds at most, and while it uses CPU."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = time.monotonic() + self.timeout
         watch = _CpuWatch(self.process.pid)
-        while not self.connection.poll(STALL_CHECK if deadline is None else
-                                       max(0.0, min(STALL_CHECK, deadline - time.monotonic()))):
-            if deadline is not None and time.monotonic() >= deadline:
+        while not self.connection.poll(max(0.0, min(STALL_CHECK, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
                 raise Hung(f"{self.what} did not finish within {self.timeout:g} s (while {self.step}); stopped it")
             if watch.stalled():
                 raise Stalled(f"{self.what} used no CPU for {STALL_SECONDS:g} s (while {self.step}), deadlocked; "
@@ -357,10 +400,12 @@ class _Forked:
     def start(self) -> None:
         for child in list(_Forked._unreaped):
             child.is_alive()
+        budget = memory_budget()
         pid = os.fork()
         if pid == 0:  # the child: it runs the target and exits, whatever happens
             _Forked._unreaped = set()
             try:
+                _bound_memory(budget)
                 self.target(*self.args)
             finally:
                 os._exit(1)
