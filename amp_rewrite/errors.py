@@ -10,6 +10,24 @@ class UserError(Exception):
     """A mistake in the user's input or options: reported as one line, exit code 2."""
 
 
+class RangeCheckFailed(UserError):
+    """The range check could not measure the model on the data it was asked to use: ``reason``,
+    and ``source``, the data as the range check names them (None where they were never made, and
+    the reason says why). A caller that tries other data (the training step, on generated sets)
+    catches this type and names the data as it knows them (``on``)."""
+
+    def __init__(self, reason: str, source: str | None) -> None:
+        self.reason, self.source = reason, source
+        super().__init__(f"range check: {self.on(source)}")
+
+    def __reduce__(self):
+        return type(self), (self.reason, self.source)
+
+    def on(self, data: str | None) -> str:
+        """Why, with the data named ``data``."""
+        return self.reason if self.source is None else f"onnxruntime could not run the model on {data} ({self.reason})"
+
+
 _LINE_BREAKING = frozenset({"Cc", "Zl", "Zp"})
 _ESCAPED = frozenset(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C,
                                 0xFFFE, 0xFFFF]))

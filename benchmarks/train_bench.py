@@ -84,7 +84,7 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
     before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)
     graphs = fixed_extents(MODES[graph_mode], where)
-    step = build(model, loss="cross-entropy", output="probabilities", optimizer_spec="adamw",
+    step = build(model, loss="cross-entropy", output="probabilities", optimizer="adamw",
                  precision=precision, batchnorm=batchnorm, conv_weight_grad=conv_weight_grad, flat_state=flat_state,
                  specialize={"image": [batch, 3, image_size, image_size]} if graphs else None)
     # Native float16 on CUDA; on the CPU the mixed step runs as the provider runs it (not emulated).

@@ -22,7 +22,7 @@ def _data(n: int = 8) -> dict[str, np.ndarray]:
 
 def _trainer(accumulate: int, precision: str = "float32", optimizer: str = "sgd") -> Trainer:
     step = build(builders.mlp(features=16, hidden=16), loss="cross-entropy", output="log_probs",
-                 optimizer_spec=optimizer, precision=precision, accumulate=accumulate)
+                 optimizer=optimizer, precision=precision, accumulate=accumulate)
     return Trainer(step, lr=0.1)
 
 

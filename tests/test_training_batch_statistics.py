@@ -223,7 +223,7 @@ def _cnn() -> onnx.ModelProto:
 
 def _float16_step(formulation: str, monkeypatch, loss_scale=None):
     monkeypatch.setattr(batch_statistics, "FORMULATION", formulation)
-    return build(_cnn(), loss="mse", output="y", precision="float16", optimizer_spec="sgd", loss_scale=loss_scale)
+    return build(_cnn(), loss="mse", output="y", precision="float16", optimizer="sgd", loss_scale=loss_scale)
 
 
 def _trained(step, steps: int = 5) -> tuple[list, dict[str, np.ndarray]]:
@@ -311,7 +311,7 @@ def test_a_batch_normalization_read_only_by_a_pool_is_never_made_and_trains_the_
     trained = {}
     for formulation in FORMULATIONS:
         monkeypatch.setattr(batch_statistics, "FORMULATION", formulation)
-        step = build(model, loss="mse", output="logits", precision="float32", optimizer_spec="sgd",
+        step = build(model, loss="mse", output="logits", precision="float32", optimizer="sgd",
                      batchnorm="train")
         ops = [n.op_type for n in step.model.graph.node]
         if formulation == "layer-norm":

@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
 from amp_rewrite.training import build
 from amp_rewrite.training.coefficients import coefficients
 from amp_rewrite.training.trainer import Trainer
@@ -49,7 +50,7 @@ def test_train_leaves_coefficients_as_they_are_and_trains_the_weights(tmp_path) 
     batch = {"x": x, "labels": np.abs(x[:, :1]).astype(np.float32)}
     for _ in range(3):
         trainer.step(batch)
-    trainer.export(tmp_path / "trained.onnx")
+    io.save(trainer.exported(), tmp_path / "trained.onnx", None)
     trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "trained.onnx").graph.initializer}
     assert trained["eps"] == np.float32(1e-6) and trained["half"] == np.float32(0.5)
     assert trained["logit_scale"] != np.float32(0.3) and trained["bias"][0] != np.float32(0.1)

@@ -14,6 +14,7 @@ import pytest
 
 from amp_rewrite.cli import main
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
 from amp_rewrite.runtime import instrument
 from amp_rewrite.training import build
 from amp_rewrite.training.flat_state import FLAT
@@ -74,13 +75,13 @@ def _assert_close(flat: Trainer, per_parameter: Trainer) -> None:
 
 
 CASES = {
-    "adamw, dynamic scale": dict(optimizer_spec="adamw", precision="float16"),
-    "sgd with momentum, clipped": dict(optimizer_spec="sgd", precision="float32", loss_scale="none", clip_norm=0.5),
-    "sgd without momentum, dynamic scale": dict(optimizer_spec=SGD(momentum=0.0), precision="float16"),
-    "nesterov, static scale, clipped": dict(optimizer_spec=SGD(nesterov=True), precision="float16", loss_scale=64,
+    "adamw, dynamic scale": dict(optimizer="adamw", precision="float16"),
+    "sgd with momentum, clipped": dict(optimizer="sgd", precision="float32", loss_scale="none", clip_norm=0.5),
+    "sgd without momentum, dynamic scale": dict(optimizer=SGD(momentum=0.0), precision="float16"),
+    "nesterov, static scale, clipped": dict(optimizer=SGD(nesterov=True), precision="float16", loss_scale=64,
                                             clip_norm=0.3),
-    "adamw, accumulated, clipped": dict(optimizer_spec="adamw", precision="float16", accumulate=3, clip_norm=0.5),
-    "sgd, accumulated": dict(optimizer_spec="sgd", precision="float32", loss_scale="none", accumulate=2),
+    "adamw, accumulated, clipped": dict(optimizer="adamw", precision="float16", accumulate=3, clip_norm=0.5),
+    "sgd, accumulated": dict(optimizer="sgd", precision="float32", loss_scale="none", accumulate=2),
 }
 
 
@@ -151,7 +152,7 @@ def test_each_state_and_sum_is_one_buffer_with_one_where(optimizer, accumulate):
     """One carried vector per optimizer state (and per gradient sum), as long as every parameter
     together, owned by none; the per-parameter step's ``Where`` per parameter and per state (and its
     zeroing ``Where`` per sum) become one per vector."""
-    flat, per_parameter = (_step(mode, optimizer_spec=optimizer, precision="float16", accumulate=accumulate)
+    flat, per_parameter = (_step(mode, optimizer=optimizer, precision="float16", accumulate=accumulate)
                            for mode in ("on", "off"))
     onnx.checker.check_model(flat.model, full_check=True)
     params = flat.spec.params
@@ -171,7 +172,7 @@ def test_each_state_and_sum_is_one_buffer_with_one_where(optimizer, accumulate):
 
 
 def test_a_checkpoint_of_flat_buffers_resumes_bit_for_bit(tmp_path):
-    options = dict(optimizer_spec="adamw", precision="float16")
+    options = dict(optimizer="adamw", precision="float16")
     whole, resumed = (Trainer(_step("on", **options), lr=0.05) for _ in range(2))
     for seed in range(1, 4):
         whole.step(_batch(seed))
@@ -189,7 +190,7 @@ def test_a_checkpoint_of_flat_buffers_resumes_bit_for_bit(tmp_path):
 
 def test_graph_mode_binds_the_flat_buffers_bit_for_bit():
     fixed_extents = {"x": [6, FEATURES], "labels": [6]}
-    step = _step("on", optimizer_spec="adamw", precision="float16", specialize=fixed_extents)
+    step = _step("on", optimizer="adamw", precision="float16", specialize=fixed_extents)
     fixed, ordinary = (Trainer(step, lr=0.05, graph_mode=mode) for mode in (True, False))
     assert fixed.graph_mode
     for seed in range(1, 5):
@@ -201,14 +202,14 @@ def test_graph_mode_binds_the_flat_buffers_bit_for_bit():
 
 
 def test_the_weights_and_the_export_name_each_parameter(tmp_path):
-    flat, per_parameter = (Trainer(_step(mode, "cnn", optimizer_spec="sgd"), lr=0.05) for mode in ("on", "off"))
+    flat, per_parameter = (Trainer(_step(mode, "cnn", optimizer="sgd"), lr=0.05) for mode in ("on", "off"))
     for seed in range(1, 3):
         flat.step(_batch(seed, "cnn"))
         per_parameter.step(_batch(seed, "cnn"))
     weights = flat.weights
     assert sorted(weights) == sorted(per_parameter.weights)
     assert all(np.array_equal(value, per_parameter.weights[name]) for name, value in weights.items())
-    flat.export(tmp_path / "flat.onnx", check_on=_batch(3, "cnn"))
+    io.save(flat.exported(check_on=_batch(3, "cnn")), tmp_path / "flat.onnx", None)
     written = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(tmp_path / "flat.onnx").graph.initializer}
     assert all(np.array_equal(written[name], value) for name, value in weights.items())
 

@@ -32,7 +32,7 @@ REFUSAL = "This session cannot use the CUDA Graph feature as requested by the us
 
 
 def _step(optimizer: str = "adamw", precision: str = "float32", specialize=FIXED):
-    return build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec=optimizer, precision=precision,
+    return build(_mlp(), loss="cross-entropy", output="logits", optimizer=optimizer, precision=precision,
                  loss_scale="dynamic", specialize=specialize)
 
 

@@ -21,7 +21,7 @@ def test_light_squeezenet_loss_goes_down(precision):
     data, output = data_input(model), model.graph.output[0]
     shape = [d.dim_value for d in data.type.tensor_type.shape.dim]
     classes_shape = [d.dim_value for d in output.type.tensor_type.shape.dim]
-    step = build(model, loss="cross-entropy", output=output.name, optimizer_spec="sgd", precision=precision)
+    step = build(model, loss="cross-entropy", output=output.name, optimizer="sgd", precision=precision)
     trainer = Trainer(step, lr=2e-4)
     batch = {data.name: np.random.default_rng(0).normal(0, 1, shape).astype(np.float32),
              "labels": np.full([shape[0], *classes_shape[2:]], 3)}

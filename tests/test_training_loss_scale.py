@@ -35,7 +35,7 @@ def _train(tmp_path, precision: str, loss_scale: str | None) -> tuple[float, flo
     train_path, _ = digits.write(tmp_path)
     data = read_npz(train_path)
     step = build(_tiny_loss_model(), loss="tiny_loss", params=["w", "w_1", "w_2", "w_3", "w_4", "w_5", "w_6"],
-                 optimizer_spec="adamw", precision=precision, loss_scale=loss_scale)
+                 optimizer="adamw", precision=precision, loss_scale=loss_scale)
     trainer = Trainer(step, lr=1e-3)
     before = {k: v.copy() for k, v in trainer.weights.items()}
     history = trainer.fit(data, epochs=3, batch_size=32, progress=False)

@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
+from amp_rewrite.ir import io
 from amp_rewrite.runtime import instrument
 from amp_rewrite.training import LossScale, attach_loss, build
 from amp_rewrite.training.trainer import Trainer
@@ -52,7 +53,7 @@ def _numpy_loss_grads(weights, batch):
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_float32_steps_match_pytorch_semantics(opt):
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec=opt, precision="float32",
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer=opt, precision="float32",
                  loss_scale="none")
     onnx.checker.check_model(step.model, full_check=True)
     lr, wd = 0.1, 0.01
@@ -83,7 +84,7 @@ def test_float32_steps_match_pytorch_semantics(opt):
 
 
 def test_a_batch_put_on_the_device_once_trains_as_the_same_batch_given_each_step():
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float32",
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer="adamw", precision="float32",
                  loss_scale="none")
     given, placed = Trainer(step, lr=0.1), Trainer(step, lr=0.1)
     batch = _batch()
@@ -103,7 +104,7 @@ def test_a_batch_put_on_the_device_once_trains_as_the_same_batch_given_each_step
 def test_provider_options_reach_the_session_over_the_defaults(monkeypatch, provider, given, expected):
     from amp_rewrite.runtime import instrument
 
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="sgd")
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer="sgd")
     opened = {}
 
     def session(model, base_dir, where, **kwargs):  # records, then opens the step on the CPU
@@ -119,7 +120,7 @@ def test_provider_options_reach_the_session_over_the_defaults(monkeypatch, provi
 
 
 def test_inf_gradient_skips_the_step_and_halves_the_scale():
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="adamw", precision="float16")
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer="adamw", precision="float16")
     trainer = Trainer(step, lr=0.01)
     trainer.step(_batch())  # one clean step so the moments are not all zero
     before = {c.input: trainer.value(c.input).copy() for c in step.spec.carried}
@@ -165,7 +166,7 @@ def _bn_model() -> onnx.ModelProto:
 
 
 def test_batchnorm_trains_on_batch_statistics_and_updates_running_ones():
-    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer="sgd", precision="float32",
                  loss_scale="none")
     roles = {c.input: c.role for c in step.spec.carried}
     assert roles["mean"] == "running_mean" and roles["var"] == "running_var"
@@ -183,7 +184,7 @@ def test_batchnorm_trains_on_batch_statistics_and_updates_running_ones():
 def test_batchnorm_on_batch_statistics_has_the_loss_and_gradients_of_a_float64_reference():
     """The first SGD step's update (its buffer is the gradient) against central differences of
     train-mode BatchNormalization (biased batch variance) and the loss, in float64."""
-    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer="sgd", precision="float32",
                  loss_scale="none")
     rng = np.random.default_rng(5)
     x = rng.normal(1.0, 2.0, (6, 2, 4, 4)).astype(np.float32)
@@ -216,7 +217,7 @@ def test_batch_statistics_divide_and_negate_per_channel_not_per_element():
     """The per-channel factor gamma/std scales the centred input once, ReduceMean's gradient is
     divided before it is broadcast and Sub's is negated once summed: no Div or Neg over the
     activation (there were six for one BatchNormalization)."""
-    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32",
+    step = build(_bn_model(), loss="cross-entropy", output="logits", optimizer="sgd", precision="float32",
                  loss_scale="none")
     inferred = onnx.shape_inference.infer_shapes(step.model)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}
@@ -235,7 +236,7 @@ def test_frozen_batchnorm_carries_no_statistics_and_trains_none(tmp_path):
     trainer = Trainer(step, lr=0.05)
     for _ in range(3):
         trainer.step(_batch_bn())
-    trainer.export(tmp_path / "trained.onnx")
+    io.save(trainer.exported(), tmp_path / "trained.onnx", None)
     trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "trained.onnx").graph.initializer}
     assert np.array_equal(trained["mean"], np.zeros(3)) and np.array_equal(trained["var"], np.ones(3))
     assert not np.array_equal(trained["gamma"], np.ones(3))
@@ -307,7 +308,7 @@ def test_cross_entropy_on_an_old_softmax_is_the_log_of_its_probabilities():
              "labels": np.array([[[0]], [[2]], [[1]], [[2]], [[0]]], np.int64)}
     probs = instrument.run(instrument.session(model), {"x": batch["x"]})["probs"].astype(np.float64)
     want = -np.mean(np.log(np.take_along_axis(probs, batch["labels"][:, None], axis=1)))
-    step = build(model, loss="cross-entropy", output="probs", optimizer_spec="sgd", precision="float32",
+    step = build(model, loss="cross-entropy", output="probs", optimizer="sgd", precision="float32",
                  loss_scale="none")
     assert Trainer(step, lr=0.0).step(batch).loss == pytest.approx(want, rel=1e-5)
     with pytest.raises(UserError, match="opset 13 or later; the model is at opset 12"):
@@ -377,7 +378,7 @@ def test_clipping_scales_the_gradients_to_their_global_norm_as_pytorch_does() ->
     """torch.nn.utils.clip_grad_norm_(params, max_norm) then SGD without momentum: one step."""
     from amp_rewrite.training.optimizers import SGD
 
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec=SGD(momentum=0.0),
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer=SGD(momentum=0.0),
                  precision="float32", loss_scale="none", clip_norm=0.05)
     trainer = Trainer(step, lr=0.1)
     weights = {k: v.astype(np.float64) for k, v in step.initial.items()}
@@ -431,7 +432,7 @@ def test_steps_that_accumulate_or_keep_a_static_scale_do_not_search():
 def test_a_float32_run_that_diverges_says_so():
     """Without loss scaling a step applies inf/NaN gradients: the check after training names the
     divergence (not a loss spelled in a way it did not recognize)."""
-    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer_spec="sgd", precision="float32")
+    step = build(_mlp(), loss="cross-entropy", output="logits", optimizer="sgd", precision="float32")
     rng = np.random.default_rng(0)
     data = {"x": rng.normal(0, 1, (32, 4)).astype(np.float32), "labels": rng.integers(0, 3, 32).astype(np.int64)}
     with pytest.raises(UserError, match="training diverged: the trained model's cross-entropy loss is nan"):

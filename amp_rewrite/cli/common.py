@@ -84,6 +84,17 @@ def check_writable(path: Path) -> None:
         raise UserError(f"cannot write the report: folder {folder} does not exist or is not writable")
 
 
+def step_options(args: argparse.Namespace):
+    """The ``StepOptions`` the training step's flags (``training_arguments``) describe."""
+    from amp_rewrite.training.options import StepOptions  # the training layers: only for these commands
+
+    return StepOptions(loss=args.loss, output=args.output, labels=args.labels, params=args.param,
+                       train=args.train_patterns, freeze=args.freeze_patterns, optimizer=args.optimizer,
+                       precision=args.precision, loss_scale=args.loss_scale, clip_norm=args.clip_norm,
+                       accumulate=args.accumulate, batchnorm=args.batchnorm, conv_weight_grad=args.conv_weight_grad,
+                       flat_state=args.flat_state, convert=convert_options(args))
+
+
 def training_arguments(parser: argparse.ArgumentParser) -> None:
     """What defines a training step: the loss, the optimizer, precision and loss scaling."""
     group = parser.add_argument_group("training step")

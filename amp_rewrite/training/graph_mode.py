@@ -40,8 +40,6 @@ WARMUP_RUNS = 6
 them): each graph is captured after two regular runs of its own id at most, and two ids alternate."""
 
 
-MODES = {"auto": None, "on": True, "off": False}
-"""``train --graph-mode``'s choices, as ``Trainer(graph_mode=...)`` takes them."""
 
 
 def fixed_extents(graph_mode: bool | None, provider: str) -> bool:

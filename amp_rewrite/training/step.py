@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -30,8 +31,7 @@ from amp_rewrite.autodiff import add_backward
 from amp_rewrite.autodiff.context import DynamicShapes, NoParameters
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.autodiff.recurrent import unrolled
-from amp_rewrite.autodiff.rules.conv_weight_grad import checked
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import RangeCheckFailed, UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import FLOAT_TYPES
@@ -39,32 +39,31 @@ from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.specialize import specialized
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes.measure_ranges import CALIBRATION_DATA
 from amp_rewrite.rewrite.pipeline import rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
 from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
-from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated, validated
+from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated
 from amp_rewrite.training.coefficients import coefficients
-from amp_rewrite.training.flat_state import checked as checked_flat_state
 from amp_rewrite.training.flat_state import groups
 from amp_rewrite.training.gradient_stops import why_no_weights
 from amp_rewrite.training.losses import LOSSES, attach_loss
 from amp_rewrite.training.modes import (
-    BATCHNORM_MODES,
+    RUNNING_ROLES,
     RunningStat,
     batchnorm_mode,
     batchnorm_to_train_mode,
     dropout_to_train_mode,
     frozen_statistics,
+    untrained,
 )
-from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm, optimizer
+from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm
+from amp_rewrite.training.options import StepOptions
 from amp_rewrite.training.resolution import check_resolved, logits
 from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
 
-PRECISIONS = ("float16", "bfloat16", "float32")
 LR, WEIGHT_DECAY = "lr", "weight_decay"
 """The step's hyper-parameter inputs (float32 scalars): a schedule feeds them, no rebuild."""
 FLOAT = TensorProto.FLOAT
@@ -149,69 +148,71 @@ class TrainingStep:
     encoder: onnx.ModelProto | None = None
     """The model's encoders of its string inputs, run ahead of the step (``encoders.split``); None: none."""
 
+    @property
+    def classes(self) -> int | None:
+        """The classes a standard loss's output scores (its axis 1, where the model declares it)."""
+        output = next((o for o in self.forward.graph.output if o.name == self.spec.outputs[0]), None)
+        dims = output.type.tensor_type.shape.dim if output is not None else []
+        return dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
 
-def build(model, loss: str = "loss", params: list[str] | None = None, optimizer_spec: str | SGD | AdamW = "adamw",
-          precision: str = "float16", loss_scale: str | float | LossScale | None = None,
-          options: ConvertOptions | None = None, output: str | None = None, labels: str = "labels",
-          batchnorm: str = "auto", range_data: Sequence[Mapping[str, np.ndarray]] = (),
-          train: Sequence[str] = (), freeze: Sequence[str] = (), clip_norm: float | None = None,
-          specialize: Mapping[str, Sequence[int]] | None = None, accumulate: int = 1,
-          conv_weight_grad: str = "direct", flat_state: str = "off") -> TrainingStep:
-    """The training step of ``model`` (of its float32 view where its floats are another type:
-    ``float32_view``). ``loss`` is a scalar float output of the model, or
-    "cross-entropy" / "mse" attached to ``output`` with a new input ``labels``. ``params``:
-    the initializers to train (default: every float initializer the loss depends on, but a frozen
-    BatchNormalization's running statistics and the formulas' one-element constants: ``coefficients``).
-    ``options``: the mixed-precision rewrite's options (policy, provider, overrides);
-    ``precision`` overrides theirs ("float32": no rewrite). ``loss_scale``: "dynamic" (default
-    for float16), "none" (default otherwise), a number (static), or a :class:`LossScale`. ``batchnorm``: "train" (batch
-    statistics; running statistics updated and carried), "freeze" (running statistics
-    used as they are) or "auto" (``batchnorm_mode``: freeze a model's trained statistics,
-    train ones never trained). Dropout is active in the step. ``range_data``: samples of the data
-    inputs and labels (the training data) for the rewrite's range check, which otherwise runs
-    on generated inputs. ``train`` / ``freeze``: regular expressions searched in each parameter's
-    name and in the names of the nodes that read it: only the parameters some ``train`` pattern
-    finds (all where none is given) and no ``freeze`` pattern finds are trained; the others stay
-    the model's constants, with no gradient graph. ``clip_norm``: the gradients' global L2 norm
-    is clipped to it, in the graph, in float32, after unscaling. ``specialize``: input name ->
-    extents: the step is built for those (``ir.specialize``: shapes computed at run time folded
-    to constants), and takes batches of them only; where a rule needs static shapes and
+    def declared(self, name: str) -> onnx.TypeProto.Tensor:
+        """The declared type of an array the user's data holds (``StepSpec.given``): a string input
+        as the model declares it, the rest as the step does."""
+        inputs = {i.name: i.type.tensor_type for i in (*self.original.graph.input, *self.model.graph.input)}
+        return inputs[name]
+
+    @property
+    def notes(self) -> list[str]:
+        """What the caller should know before training: the rewrite's warnings, running statistics
+        that were never measured on data (training replaces them), tensors the loss reads left as
+        they are. Warnings begin "warning:"."""
+        said = [note for note in (self.report.notes if self.report else ()) if note.startswith("warning:")]
+        running = [(c.role, self.initial[c.input]) for c in self.spec.carried if c.role in RUNNING_ROLES]
+        if untrained(running):
+            said.append("warning: the BatchNormalization running statistics were never measured on data (they hold "
+                        "their initial values, means 0 and variances 1, or one value per tensor): training replaces "
+                        "them with the data's, which moves the model's inference outputs; --batchnorm freeze keeps "
+                        "them")
+        if self.spec.held:
+            said.append(f"training {len(self.spec.params)} parameters; {len(self.spec.held)} tensors the loss reads "
+                        f"stay as they are (a frozen BatchNormalization's running statistics, formulas' epsilons and "
+                        f"scales); --param NAME trains one")
+        return said
+
+
+def build(model, options: StepOptions | None = None, range_data: Sequence[Mapping[str, np.ndarray]] = (),
+          specialize: Mapping[str, Sequence[int]] | None = None, **fields: Any) -> TrainingStep:
+    """The training step of ``model`` (a path, a ModelProto or an onnx_ir Model; of its float32
+    view where its floats are another type: ``float32_view``), as ``options`` (a
+    :class:`StepOptions`, or its fields by keyword) describe it. Dropout is active in the step.
+    ``range_data``: samples of the data inputs and labels (the training data) for the rewrite's
+    range check, which otherwise runs on generated inputs. ``specialize``: input name -> extents:
+    the step is built for those (``ir.specialize``: shapes computed at run time folded to
+    constants), and takes batches of them only; where a rule needs static shapes and
     ``range_data`` is given, the step is specialized to its first sample's extents by itself.
-    ``accumulate``: micro-batches whose gradients are summed into one update (``accumulation``).
-    ``conv_weight_grad``: how Conv weight gradients are formulated (``add_backward``'s option:
-    "direct", "auto", or a formulation forced where it applies). ``flat_state``: "off" (each
-    parameter's gradient, optimizer states and gradient sum are tensors of its own) or "on" (one
-    flat float32 buffer each, every update term one node: ``flat_state``; the same numbers, in
-    fewer and larger nodes; ``StepSpec.flat`` gives the layout). String inputs: their encoders
-    run ahead of the step (``encoders``), which reads what they make; ``range_data`` and
-    ``specialize`` name the strings, as the user's data does."""
-    arguments = dict(locals())
+    String inputs: their encoders run ahead of the step (``encoders``), which reads what they make;
+    ``range_data`` and ``specialize`` name the strings, as the user's data does."""
+    if options is not None and fields:
+        raise UserError("pass either options= or option keywords, not both")
     try:
-        return _build(**arguments)
+        options = options or StepOptions(**fields)
+    except TypeError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        return _build(model, options, range_data, specialize)
     except DynamicShapes as exc:
         if specialize is not None:
             raise
         if not range_data:
             raise DynamicShapes(f"{exc} (given training data, whose extents are fixed, train specializes the step "
                                 f"to them, which makes these static)") from None
-    return _build(**{**arguments, "specialize": {name: np.shape(array) for name, array in range_data[0].items()}})
+    return _build(model, options, range_data, {name: np.shape(array) for name, array in range_data[0].items()})
 
 
-def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, output, labels, batchnorm,
-           range_data, train, freeze, clip_norm, specialize, accumulate, conv_weight_grad,
-           flat_state) -> TrainingStep:
+def _build(model, options: StepOptions, range_data: Sequence[Mapping[str, np.ndarray]],
+           specialize: Mapping[str, Sequence[int]] | None) -> TrainingStep:
     """``build``'s work, for given extents or none."""
-    accumulate = validated(accumulate)
-    conv_weight_grad = checked(conv_weight_grad)
-    flat_state = checked_flat_state(flat_state)
-    if clip_norm is not None and not clip_norm > 0:
-        raise UserError(f"--clip-norm must be a positive number, got {clip_norm}")
-    if batchnorm not in BATCHNORM_MODES:
-        raise UserError(f"batchnorm must be one of {', '.join(BATCHNORM_MODES)}, got {batchnorm!r}")
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    scaling = LossScale.parse(loss_scale if loss_scale is not None else "dynamic" if precision == "float16" else "none")
-    opt = optimizer(optimizer_spec)
+    loss, output, precision = options.loss, options.output, options.precision
     proto, base_dir, _ = io.read_model(model, "train")
     if base_dir is not None:  # training holds the weights in memory anyway
         io.embed_external(proto, base_dir)
@@ -229,23 +230,22 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         specialize = encoding.extents(specialize, range_data[0] if range_data else None)
     range_data = [{name: float32_view.as_float32(array) for name, array in encoding(sample).items()}
                   for sample in range_data]
-    if loss in LOSSES and output is None:
-        raise UserError(f"a {loss} loss needs the model output it applies to (--output)")
     kind = loss if loss in LOSSES else None
     if kind and range_data:  # probabilities past float32's resolution train to nothing: say so first
+        assert output is not None  # StepOptions refuses a standard loss without its output
         check_resolved(logits(proto, output, range_data[0]))
-    forward, loss, labels_name = _with_loss(proto, loss, output, labels)
+    forward, loss, labels_name = _with_loss(proto, loss, output, options.labels)
     if specialize is not None:  # before anything reads shapes; weights (float tensors) are never folded
         inputs = samples.graph_inputs(proto)
         seen = _observed(proto, {k: v for k, v in range_data[0].items() if k in inputs}) if range_data else None
         proto = specialized(proto, {k: v for k, v in specialize.items() if k in inputs},
                             keep={t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES
                                   and math.prod(t.dims) >= constant_weights.MIN_ELEMENTS}, observed=seen)
-        proto, _, _ = _with_loss(proto, kind or loss, output, labels)
+        proto, _, _ = _with_loss(proto, kind or loss, output, options.labels)
     else:
         proto = onnx.ModelProto.FromString(forward.SerializeToString())
     unrolled(proto)  # recurrent layers as the ops they are made of; their length must be static
-    running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, batchnorm) == "train" else []
+    running = batchnorm_to_train_mode(proto) if batchnorm_mode(proto, options.batchnorm) == "train" else []
     dropout_to_train_mode(proto)
     constants = frozen_statistics(proto) | coefficients(proto)  # buffers, and formulas' epsilons and scales
     try:
@@ -253,30 +253,32 @@ def _build(model, loss, params, optimizer_spec, precision, loss_scale, options, 
         found = [name for name in reached if name not in constants]
     except NoParameters:
         raise UserError(why_no_weights(proto, loss)) from None
+    params = options.params
     if not found and params is None:
         raise UserError(f"the loss {loss!r} reaches only running statistics and constants of its formulas (epsilons, "
                         f"scales), which train leaves as they are; --param NAME trains one")
-    names = _selected(proto, params if params is not None else found, train, freeze)
+    names = _selected(proto, list(params) if params is not None else found, options.train, options.freeze)
     initial = _lift_parameters(proto, names)
     initial.update((stat.input, stat.value) for stat in running)
     report = None
+    rewrite_options = None
     if precision != "float32":
-        settings = replace(options or ConvertOptions(), precision=precision, keep_io_types=True,
-                           fp32_residual_stream=True)
+        rewrite_options = replace(options.convert or ConvertOptions(), precision=precision)
+        settings = replace(rewrite_options, keep_io_types=True, fp32_residual_stream=True)
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
-        options = replace(options or ConvertOptions(), precision=precision)
-    step = _assemble(proto, loss, names, initial, opt, scaling, running, clip_norm, accumulate, conv_weight_grad,
-                     flat_state)
+    opt, scaling, accumulate = options.update, options.scaling, options.accumulate
+    step = _assemble(proto, loss, names, initial, opt, scaling, running, options.clip_norm, accumulate,
+                     options.conv_weight_grad, options.flat_state)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
                     loss_scale=asdict(scaling), loss_kind=kind, loss_output=output if kind else None,
                     extents={k: list(v) for k, v in specialize.items() if k in samples.graph_inputs(forward)}
                     if specialize is not None else None, accumulate=accumulate, strings=encoding.strings,
-                    encoded=encoding.encoded, flat=names if flat_state == "on" else [],
+                    encoded=encoding.encoded, flat=names if options.flat_state == "on" else [],
                     held=[name for name in reached if name in constants] if params is None else [])
-    return TrainingStep(proto, spec, step.initial, original, forward, report, options if report else None, encoder)
+    return TrainingStep(proto, spec, step.initial, original, forward, report, rewrite_options, encoder)
 
 
 def _observed(model: onnx.ModelProto, sample: Mapping[str, np.ndarray]) -> dict[str, tuple] | None:
@@ -325,10 +327,8 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
             measured[0][labels] = np.zeros_like(measured[0][labels])  # class 0 exists in every model
         try:
             return measured_rewrite(proto, replace(settings, calibrate=measured, range_check="off").validated())
-        except UserError as exc:  # the model did not run on these (or they do not fit it): the next set may do
-            if not str(exc).startswith(RANGE_CHECK_FAILED):
-                raise
-            refused = refused or str(exc).removeprefix(RANGE_CHECK_FAILED).replace(CALIBRATION_DATA, said, 1)
+        except RangeCheckFailed as exc:  # the model did not run on these (or they do not fit it): the next set may do
+            refused = refused or exc.on(said)
     analysis, stats = measured_rewrite(proto, replace(settings, range_check="off").validated())
     analysis.range_check = f"NOT RUN: {refused}"
     analysis.notes.append(f"warning: NO RANGE WAS MEASURED: {refused}; the training step's values were not checked "
@@ -342,8 +342,6 @@ def measured_rewrite(proto: onnx.ModelProto, options: ConvertOptions):
 
 
 _GENERATED = "generated inputs"
-RANGE_CHECK_FAILED = "range check: "
-"""How a range check's failure to run the model begins (``MeasureRanges``)."""
 
 
 def _selected(proto: onnx.ModelProto, names: list[str], train: Sequence[str], freeze: Sequence[str]) -> list[str]:

@@ -390,14 +390,14 @@ class Trainer:
         attribute_weights.written_back(copy, weights)  # and in ai.onnx.ml's attributes
         return copy
 
-    def export(self, path, check_on: Mapping[str, np.ndarray] | None = None) -> None:
+    def exported(self, check_on: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
         """The input model, graph unchanged, with the trained weights (in each weight's own type);
-        ``check_on``: data whose first samples the written model must compute as the trained step's
-        forward does (``check_export``; its strings as they are), else a UserError and nothing written."""
+        ``check_on``: data whose first samples it must compute as the trained step's forward does
+        (``check_export``; its strings as they are), else a UserError."""
         exported = self.with_weights(self.step_graph.original)
         if check_on is not None:
             self.check_export(exported, check_on)
-        io.save(exported, path, None)
+        return exported
 
     def check_export(self, exported: onnx.ModelProto, data: Mapping[str, np.ndarray], rows: int = 8) -> None:
         """That ``exported`` (the input model with the trained weights written back: into
@@ -429,14 +429,13 @@ class Trainer:
                                 f"difference {worst:.3g}, outputs up to {scale:.3g}): the weights did not go back "
                                 f"into the model as they were trained; nothing was written")
 
-    def export_mixed(self, path) -> Report:
+    def mixed(self) -> tuple[onnx.ModelProto, Report]:
         """The trained model's mixed-precision rewrite, with the options the step was built with."""
         view = onnx.ModelProto.FromString(self.step_graph.original.SerializeToString())
         float32_view.viewed(view)  # the float32 master weights go into the float32 model it rewrites
         proto = self.with_weights(view)
         analysis, stats = measured_rewrite(proto, (self.step_graph.options or ConvertOptions()).validated())
-        io.save(proto, path, None)
-        return build_report(analysis, stats)
+        return proto, build_report(analysis, stats)
 
 
 _EXPORT_RTOL = {TensorProto.FLOAT: 1e-4, TensorProto.DOUBLE: 1e-4, TensorProto.FLOAT16: 1e-2,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import RangeCheckFailed
 from amp_rewrite.ir.graph import Value, ValueKey, node_key
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
@@ -100,11 +100,10 @@ class MeasureRanges(Pass[Analysis]):
                 return []
             table = _measure(analysis, watched, sources)
             if (failure := table.failure) is not None:  # a model ORT can't run is still converted, and says so loudly
-                why = (failure.reason if failure.inputs  # the data were not made
-                       else f"onnxruntime could not run the model on {source} ({failure.reason})")
+                refusal = RangeCheckFailed(failure.reason, None if failure.inputs else source)  # inputs: never made
                 if source != _GENERATED or options.shapes or options.range_check == "on":
-                    raise UserError(f"range check: {why}") from None
-                return self._not_measured(analysis, watched, why, failure)
+                    raise refusal from None
+                return self._not_measured(analysis, watched, refusal.on(source), failure)
             notes.extend(_described(table))
             measured = table.stats
         count, verdicts = _judged(analysis, options, watched, sources, measured, calibrated, source)
