@@ -35,7 +35,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=8)
     args = parser.parse_args()
     from amp_rewrite.rewrite.options import ConvertOptions
-    from amp_rewrite.training import batch_statistics, build
+    from amp_rewrite.training import build
+    from amp_rewrite.training.graph import batch_statistics
 
     if args.batchnorm_formulation:
         batch_statistics.FORMULATION = args.batchnorm_formulation

@@ -77,9 +77,9 @@ def one(batch: int, precision: str, image_size: int, warmup: int, steps: int, ba
         flat_state: str = "off") -> dict:
     """One configuration's step time; ``conv_weight_grad``, ``graph_mode`` and ``flat_state`` as ``train``
     takes them (graph mode: the step built for the batch's extents, on by default on CUDA)."""
+    from amp_rewrite.runtime.step_session import MODES, fixed_extents
     from amp_rewrite.training import build
-    from amp_rewrite.training.graph_mode import MODES, fixed_extents
-    from amp_rewrite.training.trainer import Trainer
+    from amp_rewrite.training.runner.trainer import Trainer
 
     before = device_memory("cuda", 0)
     model = builders.seed_cnn(image_size=image_size)

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.autodiff import gradient_model
-from amp_rewrite.autodiff.rules.conv_weight_grad import ConvShape, choose, split
+from amp_rewrite.autodiff.conv_weight_grad import ConvShape, choose, split
 from amp_rewrite.errors import UserError
 from tests.gradcheck import assert_close, numeric, ort_run
 from tests.reference_ops import evaluator

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.autodiff.context import DynamicShapes
-from amp_rewrite.autodiff.recurrent import unrolled
+from amp_rewrite.autodiff.lowerings.recurrent import unrolled
 from tests.gradcheck import directional_check, ort_run, with_loss
 from tests.helpers import rng
 

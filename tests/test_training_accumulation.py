@@ -10,7 +10,7 @@ import pytest
 from amp_rewrite.cli import main
 from amp_rewrite.errors import UserError
 from amp_rewrite.training import build
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.runner.trainer import Trainer
 from models import builders
 from tests.helpers import rng
 

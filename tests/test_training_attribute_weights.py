@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from amp_rewrite.cli import main
-from amp_rewrite.training.attribute_weights import lowered
+from amp_rewrite.training.adapters.attribute_weights import lower
 from tests.gradcheck import directional_check, ort_run, with_loss
 from tests.helpers import rng
 
@@ -63,7 +63,7 @@ CASES = {
 def test_the_lowered_model_computes_what_onnx_runtime_computes(case) -> None:
     model = CASES[case]()
     low = onnx.ModelProto.FromString(model.SerializeToString())
-    made = lowered(low)
+    made = lower(low)
     onnx.checker.check_model(low, full_check=True)
     assert not [n for n in low.graph.node if n.domain == "ai.onnx.ml"]
     assert sorted(made) == sorted(t.name for t in low.graph.initializer)
@@ -80,14 +80,14 @@ def test_forms_it_does_not_know_stay_as_they_are() -> None:
     for model in (_classifier([3, 5, 9], 3, "PROBIT"), _classifier([3, 5, 9], 3, "SOFTMAX_ZERO"),
                   _classifier([0, 1], 1, "SOFTMAX")):
         before = model.SerializeToString()
-        assert lowered(model) == []
+        assert lower(model) == []
         assert model.SerializeToString() == before
 
 
 @pytest.mark.parametrize("case", ["classifier SOFTMAX", "binary LOGISTIC", "regressor of 2 targets"])
 def test_gradients_of_the_lowered_weights_match_finite_differences(case) -> None:
     model = CASES[case]()
-    lowered(model)
+    lower(model)
     model.graph.output.pop(0) if len(model.graph.output) > 1 else None  # the labels: not a float output
     directional_check(with_loss(model, {"x": _x()}), {"x": _x()}, sorted(t.name for t in model.graph.initializer))
 

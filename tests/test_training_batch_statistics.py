@@ -16,9 +16,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_rewrite.training import LossScale, batch_statistics, build, gradient_model
-from amp_rewrite.training.modes import batchnorm_to_train_mode
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training import LossScale, build, gradient_model
+from amp_rewrite.training.graph import batch_statistics
+from amp_rewrite.training.graph.modes import batchnorm_to_train_mode
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.gradcheck import assert_close, directional_check, ort_run, with_loss
 
 FORMULATIONS = batch_statistics.FORMULATIONS

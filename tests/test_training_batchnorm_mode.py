@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.training import build
-from amp_rewrite.training.modes import batchnorm_mode
+from amp_rewrite.training.graph.modes import batchnorm_mode
 from tests.helpers import rng
 
 
@@ -61,7 +61,7 @@ def test_tiny_frozen_variances_leave_a_float16_step_finite() -> None:
     not parameters: descended on, their gradient's factor 1/(var + eps), 1e5 whatever the loss
     scale, overflowed that model's float16 backward on every step. The float16 step applies its
     updates once the scale has backed off."""
-    from amp_rewrite.training.trainer import Trainer
+    from amp_rewrite.training.runner.trainer import Trainer
 
     var = np.array([1e-12, 0.9, 1e-12, 2.0], np.float32)
     step = build(_conv_bn(TRAINED[0], var), loss="mse", output="y", precision="float16")

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.training import build
-from amp_rewrite.training.coefficients import coefficients
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.graph.coefficients import coefficients
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.helpers import rng
 
 

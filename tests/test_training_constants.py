@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.cli import main
 from amp_rewrite.training import build
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.gradcheck import ort_run
 from tests.helpers import rng
 
@@ -176,13 +176,13 @@ def test_a_state_made_at_run_time_is_no_parameter_of_a_specialized_step() -> Non
 def test_an_export_whose_weights_did_not_go_back_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys):
     """train checks the written model against the trained forward on the data's first samples: a
     write-back that missed the Constant nodes is one line, exit 2, no file."""
-    from amp_rewrite.training import constant_weights
+    from amp_rewrite.training.adapters import constant_weights
 
     model = _constant_mlp()
     path, data, out = tmp_path / "m.onnx", tmp_path / "d.npz", tmp_path / "t.onnx"
     onnx.save(model, path)
     np.savez(data, **_data())
-    monkeypatch.setattr(constant_weights, "written_back", lambda model, weights: None)
+    monkeypatch.setattr(constant_weights, "write_back", lambda model, weights: None)
     assert main(["train", str(path), "--data", str(data), "--loss", "cross-entropy", "--output", "logits",
                  "--epochs", "3", "--lr", "0.05", "-o", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()

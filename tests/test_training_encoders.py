@@ -16,9 +16,9 @@ from amp_rewrite.cli import main
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.training import build
-from amp_rewrite.training.encoders import Encoding, split
+from amp_rewrite.training.adapters.encoders import Encoding, split
+from amp_rewrite.training.runner.trainer import Trainer
 from amp_rewrite.training.step import save
-from amp_rewrite.training.trainer import Trainer
 from tests.gradcheck import ort_run
 from tests.helpers import rng
 

@@ -17,9 +17,9 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime import instrument
 from amp_rewrite.training import build
-from amp_rewrite.training.flat_state import FLAT
-from amp_rewrite.training.optimizers import SGD
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.graph.flat_state import FLAT
+from amp_rewrite.training.graph.optimizers import SGD
+from amp_rewrite.training.runner.trainer import Trainer
 from models import builders
 from tests.helpers import rng
 

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from amp_rewrite.cli import main
 from amp_rewrite.errors import UserError
 from amp_rewrite.training import build
-from amp_rewrite.training.float32_view import viewed
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.adapters.float32_view import lower
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.gradcheck import ort_run
 from tests.helpers import rng
 
@@ -53,7 +53,7 @@ def _types(model: onnx.ModelProto) -> set[int]:
 def test_the_view_holds_float32_only_and_computes_what_the_model_does(elem) -> None:
     model = _mlp(elem)
     view = onnx.ModelProto.FromString(model.SerializeToString())
-    viewed(view)
+    lower(view)
     onnx.checker.check_model(view, full_check=True)
     assert _types(view) == {TensorProto.FLOAT}
     assert [(n.name, n.op_type) for n in view.graph.node] == [(n.name, n.op_type) for n in model.graph.node]
@@ -67,14 +67,14 @@ def test_a_view_does_not_turn_a_float64_beyond_float32_into_infinity() -> None:
     model = _mlp(TensorProto.DOUBLE)
     model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.full(8, 1e300), "b1"))
     with pytest.raises(UserError, match="'b1' holds values beyond float32's range"):
-        viewed(model)
+        lower(model)
 
 
 def test_a_float16_model_trains_as_its_float32_upcast_does() -> None:
     """The step of a float16 model is the step of the float32 model with the same (upcast) weights."""
     half = _mlp(TensorProto.FLOAT16)
     upcast = onnx.ModelProto.FromString(half.SerializeToString())
-    viewed(upcast)
+    lower(upcast)
     data = _data(np.float32)
     trained = []
     for model in (half, upcast):

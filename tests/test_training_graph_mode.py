@@ -3,7 +3,7 @@ as the ordinary binding does; on CUDA it is the default for a step of fixed exte
 ONNX Runtime refuses CUDA graphs the trainer says so in one line and goes on without them.
 
 No test here has a GPU: the CUDA cases open their session on the CPU (``instrument.session``
-replaced) and keep their values in host memory (``Trainer._device_value`` replaced)."""
+replaced) and keep their values in host memory (``StepSession.device_value`` replaced)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from onnx import numpy_helper
 from amp_rewrite.cli import main
 from amp_rewrite.errors import UserError
 from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime.step_session import GRAPH_ID, WARMUP_RUNS, StepSession
 from amp_rewrite.training import build
-from amp_rewrite.training.graph_mode import GRAPH_ID, WARMUP_RUNS
-from amp_rewrite.training.schedules import Schedule
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.runner.schedules import Schedule
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.helpers import rng
 from tests.test_specialize import _decoder
 from tests.test_training_step import _batch, _mlp
@@ -158,7 +158,7 @@ def _on_the_cpu(monkeypatch, refuse_session: bool = False, refuse_run: int | Non
         return Session(real(model, base_dir, "CPUExecutionProvider", **kwargs))
 
     monkeypatch.setattr(instrument, "session", session)
-    monkeypatch.setattr(Trainer, "_device_value",
+    monkeypatch.setattr(StepSession, "device_value",
                         lambda self, array: ort.OrtValue.ortvalue_from_numpy(np.array(array, order="C")))
     return seen
 

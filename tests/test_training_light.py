@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from amp_rewrite.training import build
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.runner.trainer import Trainer
 from models.light import LIGHT, data_input, randomize_weights
 
 pytestmark = pytest.mark.slow

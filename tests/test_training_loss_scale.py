@@ -11,8 +11,8 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.inputs.samples import read_npz
 from amp_rewrite.training import build
-from amp_rewrite.training.losses import attach_loss
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.graph.losses import attach_loss
+from amp_rewrite.training.runner.trainer import Trainer
 from models import builders, digits
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.training import build
-from amp_rewrite.training.losses import reference_loss
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.graph.losses import reference_loss
+from amp_rewrite.training.runner.trainer import Trainer
 from tests.gradcheck import ort_run
 from tests.helpers import rng
 

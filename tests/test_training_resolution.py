@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.training import build
-from amp_rewrite.training.resolution import MAX_SPACING
+from amp_rewrite.training.preflight.resolution import MAX_SPACING
 from tests.test_training_losses import _classifier, _data
 
 

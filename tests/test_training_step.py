@@ -11,8 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io
 from amp_rewrite.runtime import instrument
+from amp_rewrite.runtime.step_session import StepSession
 from amp_rewrite.training import LossScale, attach_loss, build
-from amp_rewrite.training.trainer import Trainer
+from amp_rewrite.training.runner.trainer import Trainer
 
 
 def _mlp(seed: int = 0) -> onnx.ModelProto:
@@ -113,10 +114,10 @@ def test_provider_options_reach_the_session_over_the_defaults(monkeypatch, provi
 
     real = instrument.session
     monkeypatch.setattr(instrument, "session", session)
-    monkeypatch.setattr(Trainer, "_device_value", lambda self, array: array)
+    monkeypatch.setattr(StepSession, "device_value", lambda self, array: array)
     trainer = Trainer(step, provider=provider, provider_options=given)
     assert opened == expected
-    assert trainer.device_id == int(expected.get("device_id", 0))
+    assert trainer.session.device_id == int(expected.get("device_id", 0))
 
 
 def test_inf_gradient_skips_the_step_and_halves_the_scale():
@@ -376,7 +377,7 @@ def test_patterns_that_leave_nothing_to_train_are_one_error() -> None:
 
 def test_clipping_scales_the_gradients_to_their_global_norm_as_pytorch_does() -> None:
     """torch.nn.utils.clip_grad_norm_(params, max_norm) then SGD without momentum: one step."""
-    from amp_rewrite.training.optimizers import SGD
+    from amp_rewrite.training.graph.optimizers import SGD
 
     step = build(_mlp(), loss="cross-entropy", output="logits", optimizer=SGD(momentum=0.0),
                  precision="float32", loss_scale="none", clip_norm=0.05)
@@ -392,7 +393,7 @@ def test_clipping_scales_the_gradients_to_their_global_norm_as_pytorch_does() ->
 
 
 def test_schedules() -> None:
-    from amp_rewrite.training.schedules import Schedule
+    from amp_rewrite.training.runner.schedules import Schedule
 
     cosine = Schedule("cosine", warmup=2, total=12)
     assert [cosine.factor(s) for s in (0, 1, 2, 7, 12, 20)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0, 0.0])

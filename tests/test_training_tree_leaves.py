@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.cli import main
-from amp_rewrite.training.attribute_weights import lowered, written_back
+from amp_rewrite.training.adapters.attribute_weights import lower, write_back
 from tests.gradcheck import directional_check, ort_run, with_loss
 from tests.helpers import rng
 
@@ -126,7 +126,7 @@ def _assert_same(want: dict, got: dict) -> None:
 def test_the_lowered_model_computes_what_onnx_runtime_computes(case) -> None:
     model = CASES[case]()
     low = _copy(model)
-    made = lowered(low)
+    made = lower(low)
     onnx.checker.check_model(low, full_check=True)
     ml = [n for n in low.graph.node if n.domain == "ai.onnx.ml"]
     assert [n.op_type for n in ml] == ["TreeEnsembleRegressor"]  # the indicator: weights 1, summed
@@ -158,7 +158,7 @@ def test_forms_it_does_not_know_stay_as_they_are() -> None:
     tensors.opset_import[1].version = 3
     for model in [*unknown, tensors]:
         before = model.SerializeToString()
-        assert lowered(model) == []
+        assert lower(model) == []
         assert model.SerializeToString() == before
 
 
@@ -169,7 +169,7 @@ def test_forms_it_does_not_know_stay_as_they_are() -> None:
                                   "binary naming (0, 1), 2 base values, mixed, LOGISTIC"])
 def test_gradients_of_the_leaf_values_match_finite_differences(case) -> None:
     model = CASES[case]()
-    lowered(model)
+    lower(model)
     if model.graph.output[0].name == "label":
         model.graph.output.pop(0)
     feeds = {"x": _x()}
@@ -185,14 +185,14 @@ def test_weights_written_back_compute_what_the_lowered_graph_computes(case) -> N
     give the same outputs lowered and written back into the original node."""
     model = CASES[case]()
     low = _copy(model)
-    lowered(low)
+    lower(low)
     trained = {}
     for tensor in low.graph.initializer:
         array = numpy_helper.to_array(tensor)
         trained[tensor.name] = (array + rng(7).normal(0, 0.3, array.shape)).astype(np.float32)
         tensor.CopyFrom(numpy_helper.from_array(trained[tensor.name], tensor.name))
     before = [(n.name, n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
-    written_back(model, trained)
+    write_back(model, trained)
     assert [(n.name, n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == before
     names = [o.name for o in model.graph.output]
     _assert_same(ort_run(model, {"x": _x()}, names), ort_run(low, {"x": _x()}, names))

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from amp_rewrite.autodiff.unfused import MS, unfused
+from amp_rewrite.autodiff.lowerings.unfused import MS, unfused
 from amp_rewrite.errors import UserError
 from tests.gradcheck import directional_check, ort_run, with_loss
 from tests.helpers import rng
@@ -269,7 +269,7 @@ def test_the_unfused_encoder_has_gradients_that_match_finite_differences(opset: 
 def test_a_fused_encoder_trains_and_its_weights_go_back_into_the_fused_model_by_name(precision: str) -> None:
     """The step unfuses by itself (``differentiable``), leaving the given model as it was."""
     from amp_rewrite.training import build
-    from amp_rewrite.training.trainer import Trainer
+    from amp_rewrite.training.runner.trainer import Trainer
 
     fused, feeds = _chain()
     given = fused.SerializeToString()

@@ -11,9 +11,9 @@ from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.backward import Backward
 from amp_rewrite.autodiff.context import NoParameters
-from amp_rewrite.autodiff.recurrent import unrolled
-from amp_rewrite.autodiff.rules.conv_weight_grad import checked
-from amp_rewrite.autodiff.unfused import has_fused_ops, unfused
+from amp_rewrite.autodiff.conv_weight_grad import checked
+from amp_rewrite.autodiff.lowerings.recurrent import unrolled
+from amp_rewrite.autodiff.lowerings.unfused import has_fused_ops, unfused
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import declarations, io
 from amp_rewrite.ir.builder import FLOAT_TYPES, GraphBuilder

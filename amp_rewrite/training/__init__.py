@@ -2,10 +2,11 @@
 scaling, optimizers, and the training step as one graph."""
 
 from amp_rewrite.autodiff import gradient_model
-from amp_rewrite.training.losses import LOSSES, attach_loss
-from amp_rewrite.training.optimizers import SGD, AdamW
-from amp_rewrite.training.scaling import LossScale
-from amp_rewrite.training.step import StepSpec, TrainingStep, build
+from amp_rewrite.training.graph.losses import LOSSES, attach_loss
+from amp_rewrite.training.graph.optimizers import SGD, AdamW
+from amp_rewrite.training.graph.scaling import LossScale
+from amp_rewrite.training.spec import StepSpec
+from amp_rewrite.training.step import TrainingStep, build
 
 __all__ = ["LOSSES", "SGD", "AdamW", "LossScale", "StepSpec", "TrainingStep", "attach_loss", "build",
            "gradient_model"]

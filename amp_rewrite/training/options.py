@@ -10,17 +10,17 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from amp_rewrite.autodiff.rules.conv_weight_grad import checked as checked_conv_weight_grad
+from amp_rewrite.autodiff.conv_weight_grad import checked as checked_conv_weight_grad
 from amp_rewrite.errors import UserError
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.training.accumulation import validated as validated_accumulation
-from amp_rewrite.training.batching import Batching
-from amp_rewrite.training.flat_state import checked as checked_flat_state
-from amp_rewrite.training.losses import LOSSES
-from amp_rewrite.training.modes import BATCHNORM_MODES
-from amp_rewrite.training.optimizers import DEFAULT_LR, SGD, AdamW, optimizer
-from amp_rewrite.training.scaling import LossScale
-from amp_rewrite.training.schedules import Schedule
+from amp_rewrite.training.graph.accumulation import validated as validated_accumulation
+from amp_rewrite.training.graph.flat_state import checked as checked_flat_state
+from amp_rewrite.training.graph.losses import LOSSES
+from amp_rewrite.training.graph.modes import BATCHNORM_MODES
+from amp_rewrite.training.graph.optimizers import DEFAULT_LR, SGD, AdamW, optimizer
+from amp_rewrite.training.graph.scaling import LossScale
+from amp_rewrite.training.runner.batching import Batching
+from amp_rewrite.training.runner.schedules import Schedule
 
 PRECISIONS = ("float16", "bfloat16", "float32")
 GRAPH_MODES = {"auto": None, "on": True, "off": False}

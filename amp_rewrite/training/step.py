@@ -14,23 +14,21 @@ values) and backs the scale off.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
-from amp_rewrite.autodiff import add_backward
 from amp_rewrite.autodiff.context import DynamicShapes, NoParameters
 from amp_rewrite.autodiff.gradient import default_parameters, differentiable
-from amp_rewrite.autodiff.recurrent import unrolled
+from amp_rewrite.autodiff.lowerings.recurrent import unrolled
 from amp_rewrite.errors import RangeCheckFailed, UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
@@ -44,91 +42,25 @@ from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.training import attribute_weights, constant_weights, encoders, float32_view
-from amp_rewrite.training.accumulation import COUNT, COUNT_ROLE, SUM_ROLE, accumulated
-from amp_rewrite.training.coefficients import coefficients
-from amp_rewrite.training.flat_state import groups
-from amp_rewrite.training.gradient_stops import why_no_weights
-from amp_rewrite.training.losses import LOSSES, attach_loss
-from amp_rewrite.training.modes import (
+from amp_rewrite.training import adapters
+from amp_rewrite.training.adapters import constant_weights, encoders, float32_view
+from amp_rewrite.training.graph.assembly import LR, WEIGHT_DECAY, assemble
+from amp_rewrite.training.graph.coefficients import coefficients
+from amp_rewrite.training.graph.losses import LOSSES, attach_loss
+from amp_rewrite.training.graph.modes import (
     RUNNING_ROLES,
-    RunningStat,
     batchnorm_mode,
     batchnorm_to_train_mode,
     dropout_to_train_mode,
     frozen_statistics,
     untrained,
 )
-from amp_rewrite.training.optimizers import SGD, AdamW, Hyper, clipped_by_global_norm
 from amp_rewrite.training.options import StepOptions
-from amp_rewrite.training.resolution import check_resolved, logits
-from amp_rewrite.training.scaling import LossScale, non_finite, unscale, update
+from amp_rewrite.training.preflight.gradient_stops import why_no_weights
+from amp_rewrite.training.preflight.resolution import check_resolved, logits
+from amp_rewrite.training.spec import StepSpec
 
-LR, WEIGHT_DECAY = "lr", "weight_decay"
-"""The step's hyper-parameter inputs (float32 scalars): a schedule feeds them, no rebuild."""
 FLOAT = TensorProto.FLOAT
-
-
-@dataclass
-class Carried:
-    """A value the driver feeds back: ``input`` this step, ``output`` the next."""
-
-    input: str
-    output: str
-    shape: list
-    dtype: str = "float32"
-    role: str = "param"
-    """"param", an optimizer state ("momentum", "exp_avg"...), "scale", "clean_steps" or "step"."""
-    of: str | None = None
-    """The parameter an optimizer state or gradient sum belongs to (None for a flat buffer: ``StepSpec.flat``)."""
-
-
-@dataclass
-class StepSpec:
-    """The step graph's interface (``to_json`` for drivers in other languages)."""
-
-    data: list[str]
-    labels: str | None
-    loss: str
-    skipped: str
-    outputs: list[str]
-    """The model's own outputs, computed by the step's forward."""
-    carried: list[Carried]
-    lr: str
-    weight_decay: str
-    precision: str
-    optimizer: str
-    loss_scale: dict = field(default_factory=dict)
-    loss_kind: str | None = None
-    """The standard loss attached (one of ``LOSSES``), None where the model's own output is the loss."""
-    loss_output: str | None = None
-    """The model output a standard loss applies to."""
-    extents: dict[str, list[int]] | None = None
-    """The data extents a specialized step takes (``build(specialize=...)``); None: any."""
-    accumulate: int = 1
-    """The micro-batches (steps) that make one update (``accumulation``)."""
-    strings: list[str] = field(default_factory=list)
-    """The model's string inputs that the encoder (``TrainingStep.encoder``) reads: the step does not."""
-    encoded: list[str] = field(default_factory=list)
-    """The data inputs the encoder makes of them (``encoders``)."""
-    held: list[str] = field(default_factory=list)
-    """The float tensors the loss reads that the default parameters leave out: a frozen
-    BatchNormalization's running statistics and the formulas' constants (``coefficients``)."""
-    flat: list[str] = field(default_factory=list)
-    """The parameters whose optimizer states and gradient sums the flat buffers (``build(flat_state="on")``)
-    hold, each flattened (row-major), one after another in this order; empty: each has its own."""
-
-    @property
-    def params(self) -> list[Carried]:
-        return [c for c in self.carried if c.role == "param"]
-
-    @property
-    def given(self) -> list[str]:
-        """The arrays the user's data holds: the data inputs, the ``encoded`` ones as the ``strings``."""
-        return [name for name in self.data if name not in self.encoded] + self.strings
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
 
 
 @dataclass
@@ -218,9 +150,7 @@ def _build(model, options: StepOptions, range_data: Sequence[Mapping[str, np.nda
         io.embed_external(proto, base_dir)
     original = onnx.ModelProto()
     original.CopyFrom(proto)
-    constant_weights.lift(proto)
-    attribute_weights.lowered(proto)  # ai.onnx.ml's linear models, their weights as initializers
-    float32_view.viewed(proto)  # a float16, bfloat16 or float64 model trains in float32
+    adapters.lower(proto)  # weights of Constant nodes and attributes as initializers, every float type float32
     # the model's own float tensors: values specialization folds (a zero recurrent state of a
     # run-time batch) are constants of the step, never parameters
     weights = {t.name for t in proto.graph.initializer if t.data_type in FLOAT_TYPES}
@@ -268,8 +198,8 @@ def _build(model, options: StepOptions, range_data: Sequence[Mapping[str, np.nda
         analysis, stats = _rewritten(proto, settings, initial, labels_name, range_data)
         report = build_report(analysis, stats)
     opt, scaling, accumulate = options.update, options.scaling, options.accumulate
-    step = _assemble(proto, loss, names, initial, opt, scaling, running, options.clip_norm, accumulate,
-                     options.conv_weight_grad, options.flat_state)
+    step = assemble(proto, loss, names, initial, opt, scaling, running, options.clip_norm, accumulate,
+                    options.conv_weight_grad, options.flat_state)
     spec = StepSpec(data=list(samples.graph_inputs(forward)), labels=labels_name, loss=loss, skipped=step.skipped,
                     outputs=[o.name for o in forward.graph.output if o.name != loss], carried=step.carried,
                     lr=LR, weight_decay=WEIGHT_DECAY, precision=precision, optimizer=opt.name,
@@ -381,97 +311,6 @@ def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.n
         values[name] = read_array(tensor, None).astype(np.float32)
         initializer_to_input(graph, tensor, FLOAT)
     return values
-
-
-@dataclass
-class _Assembled:
-    carried: list[Carried]
-    initial: dict[str, np.ndarray]
-    skipped: str
-
-
-def _assemble(proto: onnx.ModelProto, loss: str, params: list[str], initial: dict[str, np.ndarray],
-              opt: SGD | AdamW, scaling: LossScale, running: list[RunningStat], clip_norm: float | None,
-              accumulate: int, conv_weight_grad: str, flat_state: str) -> _Assembled:
-    """The step's backward, update and carried values, in ``proto``. The update works on ``groups``
-    of parameters (``flat_state``): a gradient, states and a sum per group, split back per parameter."""
-    graph = proto.graph
-    layout = groups(flat_state, {param: initial[param].shape for param in params})
-    scalar_inputs = [LR, WEIGHT_DECAY, "loss_scale", "clean_steps", "step"] + ([COUNT] if accumulate > 1 else [])
-    taken = {i.name for i in graph.input} | {n for x in graph.node for n in x.output}
-    sums = [group.buffer(SUM_ROLE) for group in layout] if accumulate > 1 else []
-    states = [[group.buffer(role) for role in opt.states] for group in layout]
-    clash = [n for n in scalar_inputs + [s.name for s in (*sums, *itertools.chain(*states))] if n in taken]
-    if clash:
-        raise UserError(f"the model already has values named {', '.join(clash)}: rename them to train it")
-    graph.input.extend(helper.make_tensor_value_info(n, FLOAT, []) for n in scalar_inputs)
-    graph.input.extend(helper.make_tensor_value_info(s.name, FLOAT, s.shape) for s in sums)
-    backprop = add_backward(proto, loss, params, seed="loss_scale", conv_weight_grad=conv_weight_grad)
-    b = backprop.builder
-    for name in scalar_inputs + [s.name for s in sums]:
-        b.types[name] = FLOAT
-    cast = {p: b.op("Cast", backprop.grads[p], to=FLOAT) if b.types[backprop.grads[p]] != FLOAT
-            else backprop.grads[p] for p in params}
-    grads = [group.joined(b, [cast[p] for p in group.shapes]) for group in layout]
-    if scaling.checks:
-        grads = unscale(b, grads, "loss_scale")
-    window = accumulated(b, grads, [s.name for s in sums], accumulate) if accumulate > 1 else None
-    grads = window.grads if window else grads
-    found_inf = non_finite(b, grads) if scaling.checks else b.const(np.array(False))
-    # whether the step keeps the weights, states and step count: a window still summed, or inf/NaN
-    hold = b.op("Or", b.op("Not", window.apply), found_inf) if window else found_inf
-    if clip_norm is not None:
-        squares = [s for group, grad in zip(layout, grads) for s in group.square_sums(b, grad)]
-        grads = clipped_by_global_norm(b, grads, squares, clip_norm)
-    taking = b.op("Add", "step", b.const(1.0, like="step"))
-    hyper = Hyper(LR, WEIGHT_DECAY, taking)
-    carried, values, outputs = [], dict(initial), {}
-    keeps = scaling.checks or window is not None
-    for group, grad, buffers in zip(layout, grads, states):
-        param = group.joined(b, list(group.shapes))
-        new_param, new_states = opt.update(b, param, grad, [s.name for s in buffers], hyper)
-        kept = b.op("Where", hold, param, new_param) if keeps else new_param
-        for name, value in zip(group.shapes, group.split(b, kept)):
-            outputs[name] = value
-            carried.append(Carried(name, "", list(initial[name].shape)))
-        for buffer, new, role in zip(buffers, new_states, opt.states):
-            outputs[buffer.name] = b.op("Where", hold, buffer.name, new) if keeps else new
-            carried.append(Carried(buffer.name, "", buffer.shape, role=role, of=buffer.of))
-            values[buffer.name] = np.zeros(buffer.shape, np.float32)
-            graph.input.append(helper.make_tensor_value_info(buffer.name, FLOAT, buffer.shape))
-    for buffer, value in zip(sums, window.sums if window else []):
-        outputs[buffer.name] = value
-        carried.append(Carried(buffer.name, "", buffer.shape, role=SUM_ROLE, of=buffer.of))
-        values[buffer.name] = np.zeros(buffer.shape, np.float32)
-    for stat in running:  # a step with inf/NaN gradients keeps the old statistics too
-        moved = stat.output if b.types.get(stat.output) == FLOAT else b.op("Cast", stat.output, to=FLOAT)
-        outputs[stat.input] = b.op("Where", found_inf, stat.input, moved) if scaling.checks else moved
-        carried.append(Carried(stat.input, "", list(stat.value.shape), role=stat.role))
-    next_step = b.op("Where", hold, "step", taking) if keeps else taking
-    scaling_state: tuple[str, ...]
-    if scaling.mode == "dynamic":
-        scaling_state = update(b, scaling, "loss_scale", "clean_steps", found_inf)
-        if window:  # the scale changes once a window, when it is applied
-            scaling_state = tuple(b.op("Where", window.apply, new, old)
-                                  for new, old in zip(scaling_state, ("loss_scale", "clean_steps")))
-    else:
-        scaling_state = ("loss_scale", "clean_steps")
-    scalars = [("loss_scale", scaling_state[0], "scale"), ("clean_steps", scaling_state[1], "clean_steps"),
-               ("step", next_step, "step")] + ([(COUNT, window.count, COUNT_ROLE)] if window else [])
-    for name, value, role in scalars:
-        outputs[name] = value
-        carried.append(Carried(name, "", [], role=role))
-        values[name] = np.array(scaling.init if name == "loss_scale" else 0.0, np.float32)
-    skipped = b.op("Identity", b.op("And", window.apply, found_inf) if window else found_inf,
-                   outputs=[b.names.fresh("skipped")])
-    graph.node.extend(b.nodes)
-    for item in carried:
-        item.output = b.names.fresh(f"{item.input}.next")
-        graph.node.append(helper.make_node("Identity", [outputs[item.input]], [item.output],
-                                           name=b.names.fresh(f"{item.output}_node")))
-        graph.output.append(helper.make_tensor_value_info(item.output, FLOAT, item.shape))
-    graph.output.append(helper.make_tensor_value_info(skipped, TensorProto.BOOL, []))
-    return _Assembled(carried, values, skipped)
 
 
 def save(step: TrainingStep, path: str | os.PathLike) -> None:

@@ -27,12 +27,13 @@ from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import read_arrays
 from amp_rewrite.ir import io
 from amp_rewrite.rewrite.report import Report
-from amp_rewrite.training.batching import Batching
-from amp_rewrite.training.graph_mode import fixed_extents
+from amp_rewrite.runtime.step_session import fixed_extents
 from amp_rewrite.training.options import FitOptions, StepOptions
-from amp_rewrite.training.schedules import Schedule
-from amp_rewrite.training.step import StepSpec, TrainingStep, build, save
-from amp_rewrite.training.trainer import Trainer, describe
+from amp_rewrite.training.runner.batching import Batching
+from amp_rewrite.training.runner.schedules import Schedule
+from amp_rewrite.training.runner.trainer import Trainer, describe
+from amp_rewrite.training.spec import StepSpec
+from amp_rewrite.training.step import TrainingStep, build, save
 
 Data = str | os.PathLike | Mapping[str, np.ndarray]
 """Training or evaluation data: an .npz file, a folder of NAME.npy files, or arrays by name."""

@@ -31,8 +31,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from amp_rewrite.autodiff.context import Context
+from amp_rewrite.autodiff.conv_weight_grad import FORMULATIONS, ConvShape, batch_major, choose
 from amp_rewrite.autodiff.registry import register
-from amp_rewrite.autodiff.rules.conv_weight_grad import FORMULATIONS, ConvShape, batch_major, choose
 
 Dims = tuple[int, ...]
 

@@ -27,7 +27,7 @@ from amp_rewrite.ir.types import typed_index
 from amp_rewrite.runtime import instrument
 from amp_rewrite.runtime.expose import expose
 from amp_rewrite.runtime.isolate import isolated
-from amp_rewrite.training.losses import probability_input
+from amp_rewrite.training.graph.losses import probability_input
 
 MAX_SPACING = 104.0
 """exp(-104) rounds to zero even as a float32 subnormal: logits this far apart make a one-hot."""

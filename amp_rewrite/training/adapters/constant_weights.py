@@ -3,10 +3,10 @@ graphs often do) or made by ConstantOfShape of a constant shape (onnx's light mo
 weight and BatchNormalization statistic so) train as initializers do, and go back into their
 nodes on export.
 
-``lift`` turns each top-level node of either kind whose value is a float tensor of at least
+``lower`` turns each top-level node of either kind whose value is a float tensor of at least
 ``MIN_ELEMENTS`` elements into an initializer named as its output (the step sees weights one
 way); a scalar (an epsilon, a scale), every integer tensor (shapes, indices, axes) and a
-ConstantOfShape whose shape is computed at run time stay nodes. ``written_back`` puts trained
+ConstantOfShape whose shape is computed at run time stay nodes. ``write_back`` puts trained
 values into the nodes of the original graph, same node names, same outputs (a ConstantOfShape
 becomes a Constant holding its trained tensor): the trained model is the input model with new
 weights.
@@ -49,7 +49,7 @@ def _fill(node: onnx.NodeProto) -> np.ndarray:
     return next((read_array(a.t, None) for a in node.attribute if a.name == "value"), np.zeros(1, np.float32))
 
 
-def lift(model: onnx.ModelProto) -> list[str]:
+def lower(model: onnx.ModelProto) -> list[str]:
     """Turn the model's top-level weights in Constant and ConstantOfShape nodes into initializers
     (in place); their names."""
     graph = model.graph
@@ -75,7 +75,7 @@ def lift(model: onnx.ModelProto) -> list[str]:
     return lifted
 
 
-def written_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
+def write_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
     """Put ``weights`` (by output name) into the top-level Constant nodes of ``model`` that make
     them (in place), in each tensor's own type; a ConstantOfShape that makes one becomes a
     Constant node of its name and output holding it. An Identity of an initializer that makes one

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from amp_rewrite.autodiff.context import DynamicShapes
-from amp_rewrite.autodiff.scan import unrolled_scan
+from amp_rewrite.autodiff.lowerings.scan import unrolled_scan
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder
 from amp_rewrite.ir.types import typed_index

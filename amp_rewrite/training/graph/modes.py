@@ -30,7 +30,7 @@ from amp_rewrite.ir.builder import GraphBuilder, Names
 from amp_rewrite.ir.sizes import ValueSizes, iter_graphs
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
 from amp_rewrite.ir.types import typed_index
-from amp_rewrite.training import batch_statistics
+from amp_rewrite.training.graph import batch_statistics
 
 RUNNING_ROLES = ("running_mean", "running_var")
 """The roles (``Carried.role``) of the running statistics."""

@@ -4,13 +4,13 @@ scikit-learn's converters write a logistic regression or a ridge as ai.onnx.ml's
 LinearClassifier / LinearRegressor, whose coefficients and intercepts are attributes, and
 often follow it with a Normalizer; a forest or a boosted ensemble (scikit-learn, XGBoost,
 LightGBM) as TreeEnsembleRegressor / TreeEnsembleClassifier, whose leaf values are attributes
-(``tree_leaves``); none of them has a gradient. ``lowered`` rewrites each top-level node of
+(``tree_leaves``); none of them has a gradient. ``lower`` rewrites each top-level node of
 those ops (in place) into standard ops computing what ONNX Runtime's kernel computes, with the
 weights as float32 initializers named ``<node>.<attribute>`` (``<node>``: the node's name, else
-its first output), so they train as any weight does. ``written_back`` puts trained values into
+its first output), so they train as any weight does. ``write_back`` puts trained values into
 the attributes of the original nodes: the trained model is the input model with new weights.
 
-Invariant: after ``lowered``, no node of those ops of a form its lowering knows remains at the
+Invariant: after ``lower``, no node of those ops of a form its lowering knows remains at the
 top level, every output keeps its name and meaning, and each lowered node's weights are
 initializers named after the attributes its ``Lowering`` trains; a form it does not know (a
 PROBIT post-transform, a linear classifier's SOFTMAX_ZERO or missing intercepts, a MIN
@@ -27,7 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from amp_rewrite.ir.builder import GraphBuilder, Names
-from amp_rewrite.training import tree_leaves
+from amp_rewrite.training.adapters import tree_leaves
 
 ML_DOMAIN = "ai.onnx.ml"
 COEFFICIENTS, INTERCEPTS = "coefficients", "intercepts"
@@ -38,7 +38,7 @@ NORMS = {"L1": ("Abs", "ReduceSum"), "L2": ("Mul", "ReduceSum"), "MAX": (None, "
 """Normalizer's norms: the op applied elementwise (Mul: a square) and the row reduction."""
 
 
-def lowered(model: onnx.ModelProto) -> list[str]:
+def lower(model: onnx.ModelProto) -> list[str]:
     """Rewrite the top-level linear models and Normalizers of ``model`` into standard ops (in
     place); the names of the initializers made (see the module's docstring)."""
     graph = model.graph
@@ -64,8 +64,8 @@ def lowered(model: onnx.ModelProto) -> list[str]:
     return made
 
 
-def written_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
-    """Put trained ``weights`` (by the names ``lowered`` gave) into the attributes of the
+def write_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
+    """Put trained ``weights`` (by the names ``lower`` gave) into the attributes of the
     top-level nodes they came from (in place): the float lists their ``Lowering`` trains."""
     for node in model.graph.node:
         trains = _LOWERINGS[node.op_type].trains if node.domain == ML_DOMAIN and node.op_type in _LOWERINGS else ()

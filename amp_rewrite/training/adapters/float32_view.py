@@ -2,18 +2,20 @@
 
 A model exported in float16 (or bfloat16, or float64 as scikit-learn's converters write a
 double-precision regressor), or one a converter already made mixed, has no float32 master
-weights to train. ``viewed`` rewrites such a model, in place, into the same graph with every
+weights to train. ``lower`` rewrites such a model, in place, into the same graph with every
 float type float32: initializers and Constant / ConstantOfShape values, Cast targets and the
 ops' ``dtype`` attributes, and the declared types of inputs, outputs and intermediate values,
 in subgraphs too. The step is then built from the view as from any float32 model (the mixed
-rewrite chooses float16 again where it pays), and ``Trainer.with_weights`` writes each trained
-weight back into the original model in its own type.
+rewrite chooses float16 again where it pays), and ``write_back`` writes each trained weight
+back into the original model in its own type.
 
-Invariant: after ``viewed``, the graph holds no float type but float32; a float64 value that
+Invariant: after ``lower``, the graph holds no float type but float32; a float64 value that
 float32 cannot hold (beyond its range) is refused, never turned into an infinity.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -30,9 +32,18 @@ TYPE_ATTRIBUTES = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "R
 """Standard ops whose attribute names the type of their output."""
 
 
-def viewed(model: onnx.ModelProto) -> None:
+def lower(model: onnx.ModelProto) -> None:
     """Make every float type of ``model`` float32, in place (see the module's docstring)."""
     _view_graph(model.graph)
+
+
+def write_back(model: onnx.ModelProto, weights: Mapping[str, np.ndarray]) -> None:
+    """Put ``weights`` (by name) into the initializers of ``model`` that hold them, in place, each
+    in its tensor's own type (float16, bfloat16 or float64 where the model is not the view)."""
+    for tensor in model.graph.initializer:
+        if tensor.name in weights:
+            trained = weights[tensor.name].astype(numpy_helper.to_array(tensor).dtype)
+            tensor.CopyFrom(numpy_helper.from_array(trained, tensor.name))
 
 
 def as_float32(array: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import onnx
 
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.types import typed_index
-from amp_rewrite.training.attribute_weights import ML_DOMAIN
+from amp_rewrite.training.adapters.attribute_weights import ML_DOMAIN
 
 
 def why_no_weights(proto: onnx.ModelProto, loss: str) -> str:
