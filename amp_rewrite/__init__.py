@@ -19,7 +19,7 @@ _PUBLIC = {"Precision": "ir.precision", "CheckResult": "numerics.check", "Tolera
            "analyze": "workflows.analyze", "Report": "rewrite.report", "BenchResult": "workflows.bench",
            "bench": "workflows.bench", "check": "workflows.check", "convert": "workflows.convert",
            "train": "workflows.train", "training_step": "workflows.train", "TrainReport": "workflows.train",
-           "StepOptions": "training.options", "FitOptions": "training.options"}
+           "StepOptions": "training.options", "FitOptions": "training.runner.options"}
 """Where each public name lives: imported when first asked for, so that a command pays only
 for the layers it uses (importing all of them would slow every command's start-up)."""
 __all__ = ["Analysis", "BenchResult", "CheckResult", "Color", "ConvertOptions", "FitOptions", "Precision", "Report",

@@ -104,6 +104,86 @@ def test_a_layer_that_runs_nothing_imports_no_runtime(layer: str):
     assert not found, "\n".join(found)
 
 
+RUNS_ONNXRUNTIME = "runtime"
+"""The one layer that imports ``onnxruntime``: the layers above reach ONNX Runtime through it (a
+session, a step's session, the installed registry), the layers beneath read its tables as data."""
+
+
+def test_onnxruntime_is_imported_in_runtime_only():
+    found = [f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+             for path in _modules() if _layer(path) != RUNS_ONNXRUNTIME
+             for name, line in _imported_modules(path) if name == "onnxruntime" or name.startswith("onnxruntime.")]
+    assert not found, "\n".join(found)
+
+
+ROOMS = {"training": (frozenset({"spec", "adapters"}), frozenset({"graph"}), frozenset({"preflight"}),
+                      frozenset({"options"}), frozenset({"step"}), frozenset({"runner"}))}
+"""Rooms inside a layer, lowest first: each module imports only the rooms beneath its own (and its
+own). ``training``: the step's interface and the model adapters; the step graph's pieces; the
+checks made before a build; the step's options; the builder; the runner."""
+
+
+def _room(path: Path) -> tuple[str, str] | None:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    if parts[0] in ROOMS and len(parts) > 1 and parts[1] != "__init__":
+        return parts[0], parts[1]
+    return None
+
+
+@pytest.mark.parametrize("path", [p for p in _modules() if _room(p)], ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_rooms_import_only_the_rooms_beneath_them(path: Path):
+    layer, own = _room(path)  # type: ignore[misc]
+    rank = {room: at for at, rooms in enumerate(ROOMS[layer]) for room in rooms}
+    assert own in rank, f"{path.relative_to(PACKAGE)}: a room missing from ROOMS[{layer!r}]"
+    for name, line in _imported_modules(path):
+        parts = name.split(".")
+        if parts[:2] == ["amp_rewrite", layer] and len(parts) > 2 and parts[2] != own:
+            assert parts[2] in rank and rank[parts[2]] < rank[own], \
+                f"{own} (room {rank[own]}) imports {parts[2]} at line {line}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle between the package's modules, counting deferred imports and those under
+    ``TYPE_CHECKING``: ``from pkg import mod`` is an import of ``pkg.mod`` where that is a module."""
+    import networkx as nx
+
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        graph.add_node(name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph.add_edges_from((name, t) for t in targets if t in modules and t != name)
+    cycles = sorted(nx.simple_cycles(graph), key=len)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles[:10])
+
+
+MAX_MODULE_LINES, MAX_CLASS_LINES = 600, 250
+
+
+def test_no_module_or_class_is_too_long_to_read():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        source = path.read_text()
+        if source.count("\n") > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(PACKAGE)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(PACKAGE)}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
+
+
 def test_the_runtime_check_sees_deferred_and_type_checking_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"

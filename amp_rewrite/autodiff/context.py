@@ -8,8 +8,8 @@ they need is not static, so symbolic batch and sequence dimensions work.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -17,10 +17,7 @@ from onnx import helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir.builder import GraphBuilder
-from amp_rewrite.ir.graph import Node
-
-if TYPE_CHECKING:
-    from amp_rewrite.autodiff.backward import Backward
+from amp_rewrite.ir.graph import ModelIndex, Node, ValueKey
 
 SLICE_END = 2**62
 """A Slice bound past any extent."""
@@ -36,8 +33,28 @@ class DynamicShapes(UserError):
     """A rule needs what only run time knows here (a shape, pads or scales computed from one):
     a graph specialized to fixed input extents, its shape computations folded, has them."""
 
+class Engine(Protocol):
+    """What rules reach of the backward pass (``backward.Backward``) through their context: the
+    model's index, the formulation asked for, shapes and constants, and, for control-flow bodies,
+    the values a node's subgraphs read from outside (``closure``) and a backward run over a body."""
+
+    index: ModelIndex
+    conv_weight_grad: str
+
+    def closure(self, node: Node) -> list[ValueKey]: ...
+
+    def key_of(self, graph_id: int, name: str) -> ValueKey | None: ...
+
+    def constant(self, graph_id: int, name: str) -> np.ndarray | None: ...
+
+    def shape(self, graph_id: int, name: str) -> tuple | None: ...
+
+    def run(self, graph_id: int, seeds: dict[ValueKey, str], targets: Sequence[ValueKey],
+            b: GraphBuilder) -> Mapping[ValueKey, str]: ...
+
+
 class Context:
-    def __init__(self, engine: Backward, node: Node, graph_id: int, b: GraphBuilder,
+    def __init__(self, engine: Engine, node: Node, graph_id: int, b: GraphBuilder,
                  inputs: Sequence[str], grads: Sequence[str | None], wanted: Sequence[bool]) -> None:
         self.engine = engine
         self.indexed = node

@@ -11,8 +11,8 @@ from amp_rewrite.cli.common import EXIT_OK, check_writable, coloring_arguments, 
 from amp_rewrite.errors import UserError, printable
 from amp_rewrite.ir import io
 from amp_rewrite.training.graph.optimizers import DEFAULT_LR
-from amp_rewrite.training.options import GRAPH_MODES, FitOptions
 from amp_rewrite.training.runner.batching import Batching
+from amp_rewrite.training.runner.options import GRAPH_MODES, FitOptions
 from amp_rewrite.training.runner.schedules import KINDS, Schedule
 
 

@@ -4,10 +4,10 @@ These are the ``com.microsoft`` contrib ops (FusedMatMul, MultiHeadAttention,
 SkipLayerNormalization, ...) and a few default-domain ones that only ONNX Runtime
 defines (SimplifiedLayerNormalization). Without them a contrib node has no type
 parameters, so it can be neither colored nor typed. ``data/ort-schemas-1.31.1.json``
-was written by ``dump`` from onnxruntime 1.31.1 (the version of the kernel tables);
+was written by ``runtime.registry.schemas`` from onnxruntime 1.31.1 (the version of the kernel tables);
 it is bundled rather than read live so that a model converts the same whichever
 onnxruntime, or none, is installed. Regenerate with
-``python -m amp_rewrite.ir.ort_schemas > amp_rewrite/ir/data/ort-schemas-VERSION.json``.
+``python -m amp_rewrite.runtime.registry schemas > amp_rewrite/ir/data/ort-schemas-VERSION.json``.
 
 A schema has the attributes of ``onnx.defs.OpSchema`` that ``schemas.signature``
 reads (``inputs[i].type_str``, ``type_constraints[i].type_param_str`` and
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from dataclasses import dataclass
 from importlib import resources
 
@@ -66,31 +65,3 @@ def _schemas() -> dict[tuple[str, str], list[OrtSchema]]:
         )
         by_op.setdefault((schema.domain, schema.name), []).append(schema)
     return by_op
-
-
-def dump() -> dict:
-    """The installed onnxruntime's schemas of ``DOMAINS`` that ``onnx.defs`` lacks, in the bundled layout."""
-    import onnx.defs
-    import onnxruntime
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-    schemas = [
-        {"domain": s.domain, "op": s.name, "since": s.since_version,
-         "inputs": [f.typeStr for f in s.inputs], "outputs": [f.typeStr for f in s.outputs],
-         "type_constraints": {c.type_param_str: sorted(c.allowed_type_strs) for c in s.type_constraints}}
-        for s in ort_state.get_all_operator_schema()
-        if s.domain in DOMAINS and not onnx.defs.has(s.name, s.domain)
-    ]
-    return {
-        "onnxruntime": onnxruntime.__version__,
-        "source": "onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema(), the schemas of "
-                  f"domains {list(DOMAINS)} that onnx {onnx.__version__} does not define",
-        "schemas": sorted(schemas, key=lambda e: (e["domain"], e["op"], e["since"])),
-    }
-
-
-if __name__ == "__main__":
-    table = dump()
-    rows = ",\n  ".join(json.dumps(e) for e in table.pop("schemas"))
-    header = json.dumps(table, indent=1)[:-2]
-    sys.stdout.write(f'{header},\n "schemas": [\n  {rows}\n ]\n}}\n')

@@ -121,7 +121,7 @@ def kernel_table(provider: str) -> KernelTable:
 def _live_entries(provider: str) -> list[dict] | None:
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "amp_rewrite.policy.kernels", provider],
+            [sys.executable, "-m", "amp_rewrite.runtime.registry", "kernels", provider],
             capture_output=True, text=True, timeout=120, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -129,30 +129,3 @@ def _live_entries(provider: str) -> list[dict] | None:
     if done.returncode != 0:
         return None
     return json.loads(done.stdout)
-
-
-def dump_live(provider: str) -> list[dict]:
-    """Read the installed onnxruntime's kernel registry for ``provider`` in the table layout."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
-
-    merged: dict[tuple, dict] = {}
-    for d in ort_state.get_all_opkernel_def():
-        if d.provider != provider:
-            continue
-        since, until = d.version_range
-        key = (d.domain, d.op_name, since, None if until >= 2**31 - 1 else until)
-        entry = merged.setdefault(key, {"domain": d.domain, "op": d.op_name, "since": key[2],
-                                        "until": key[3], "type_constraints": {}})
-        for name, types in d.type_constraints.items():
-            bucket = entry["type_constraints"].setdefault(name, set())
-            bucket.update(t.removeprefix("tensor(").removesuffix(")") for t in types)
-    entries = []
-    for entry in merged.values():
-        constraints = {k: sorted(v) for k, v in entry["type_constraints"].items()}
-        types = sorted({t for v in constraints.values() for t in v}) or ["any"]
-        entries.append({**entry, "types": types, "type_constraints": constraints})
-    return sorted(entries, key=lambda e: (e["domain"], e["op"], e["since"]))
-
-
-if __name__ == "__main__":
-    json.dump(dump_live(sys.argv[1]), sys.stdout)

@@ -6,7 +6,6 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from onnx import TensorProto
 
@@ -17,11 +16,8 @@ from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.policy.oplists import DENY, INFER, MEASURED_CLASSES, OP_CLASSES, ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.coloring import Color, Coloring, Priority
+from amp_rewrite.rewrite.measuring import Measurement, Pending, Table
 from amp_rewrite.rewrite.options import ConvertOptions
-
-if TYPE_CHECKING:
-    from amp_rewrite.rewrite.measuring import Measurement, Table
-    from amp_rewrite.rewrite.passes.measure_ranges import Pending
 
 FLOAT = TensorProto.FLOAT
 OFFLINE = "offline"

@@ -5,11 +5,13 @@ calibration hands a quantizer its table."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import onnx
 
-from amp_rewrite.ir.graph import ValueKey
+from amp_rewrite.ir.graph import Value, ValueKey
+from amp_rewrite.rewrite.options import MeasurementOptions
 
 
 class Stats(Protocol):
@@ -76,3 +78,18 @@ class Meter(Protocol):
 
     def measure(self, model: onnx.ModelProto, keys: list[ValueKey]) -> Table:
         """``keys``, measured now."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The values MeasureRanges left for ``settle``, and how they are measured."""
+
+    watched: list[Value]
+    sources: dict[ValueKey, ValueKey]
+    """The ``_same_elements_source`` of each watched value whose statistics stand under another's
+    key (the others' stand under their own, which a dict of every watched value would repeat)."""
+    calibrated: bool
+    source: str
+    """What the values are measured on (the report's words)."""
+    options: MeasurementOptions
+    """The thresholds the values are judged by."""

@@ -28,8 +28,9 @@ from amp_rewrite.inputs.samples import read_arrays
 from amp_rewrite.ir import io
 from amp_rewrite.rewrite.report import Report
 from amp_rewrite.runtime.step_session import fixed_extents
-from amp_rewrite.training.options import FitOptions, StepOptions
+from amp_rewrite.training.options import StepOptions
 from amp_rewrite.training.runner.batching import Batching
+from amp_rewrite.training.runner.options import FitOptions
 from amp_rewrite.training.runner.schedules import Schedule
 from amp_rewrite.training.runner.trainer import Trainer, describe
 from amp_rewrite.training.spec import StepSpec

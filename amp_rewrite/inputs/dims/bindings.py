@@ -172,7 +172,7 @@ class Bindings:
         solutions = [e for e in dim.solutions(extent) if e >= 1]
         if solutions:
             least = self.least.get(dim.name, 1)
-            chosen = max(solutions, key=lambda e: (self.consistent({dim.name: e}), e >= least))  # the first best
+            chosen = max(solutions, key=lambda e: (consistent(self, {dim.name: e}), e >= least))  # the first best
             self.pins[dim.name] = Pin(chosen, origin)
             if len(solutions) > 1:
                 self.ranges[dim.name] = solutions
@@ -181,11 +181,11 @@ class Bindings:
         """Where the bindings break a count: the extents, in the ranges that rounded dimensions
         left their names (``ranges``), that keep every count (the first of at most MAX_SEARCHED).
         Whether a binding moved."""
-        if not self.ranges or self.consistent({}):
+        if not self.ranges or consistent(self, {}):
             return False
         names = list(self.ranges)
         for extents in itertools.islice(itertools.product(*self.ranges.values()), MAX_SEARCHED):
-            if self.consistent(dict(zip(names, extents))):
+            if consistent(self, dict(zip(names, extents))):
                 moved = any(self.pins[name].extent != extent for name, extent in zip(names, extents))
                 for name, extent in zip(names, extents):
                     self.pins[name] = Pin(extent, self.pins[name].origin)
@@ -197,25 +197,6 @@ class Bindings:
         while name in self.together:
             name = self.together[name]
         return name
-
-    def sums_broadcast_with(self) -> dict[str, tuple[str, ...]]:
-        """For each input name broadcast together with one sum of input names and nothing else
-        that binds it (a mask[batch, total] against attention scores over cached and new keys,
-        Concat(past, seq)): the names it is the sum of."""
-        groups: dict[str, list[str]] = {}
-        for name in {*self.together, *self.together.values()}:
-            groups.setdefault(self.group(name), []).append(name)
-        found = {}
-        for members in groups.values():
-            totals = [self.sums[m] for m in members if m in self.sums]
-            inputs = [m for m in members if m in self.names]
-            if len(totals) != 1 or len(inputs) != 1:
-                continue
-            terms = [t for t in totals[0] if isinstance(t, Sym)]
-            if len(terms) == len(totals[0]) and all(t == Sym(t.name) and t.name in self.names and t.name != inputs[0]
-                                                    for t in terms):
-                found[inputs[0]] = tuple(t.name for t in terms)
-        return found
 
     def sum_of(self, dims: Sequence[Dim]) -> Dim:
         """``dims`` added up: one dimension where they name at most one name (``summed``), else a
@@ -287,47 +268,48 @@ class Bindings:
             self.pin(Sym(dim.name), (others or {}).get(dim.name, 1), origin + GUESSED)
         self.pin(dims[-1], extent, origin + GUESSED if last_guessed else origin)
 
-    def consistent(self, extents: Mapping[str, int]) -> bool:
-        """Whether the names at ``extents`` (and those bound) keep every count the shapes share
-        (or leave it one input name, once, that some extent solves it for), and every multiple
-        that a Reshape's -1 needs (``divisible``)."""
-        known = {**{name: pin.extent for name, pin in self.pins.items()}, **extents}
 
-        def count(dims: Sequence[Dim]) -> Fraction | None:
-            total = Fraction(1)
-            for dim in dims:
-                if isinstance(dim, Sym) and dim.name in known:
-                    dim = dim.at(known[dim.name])
-                if not isinstance(dim, (int, Fraction)):
-                    return None
-                total *= dim
-            return total
+def consistent(bindings: Bindings, extents: Mapping[str, int]) -> bool:
+    """Whether the names at ``extents`` (and those ``bindings`` bound) keep every count the shapes share
+    (or leave it one input name, once, that some extent solves it for), and every multiple
+    that a Reshape's -1 needs (``divisible``)."""
+    known = {**{name: pin.extent for name, pin in bindings.pins.items()}, **extents}
 
-        def solvable(sides: tuple[Sequence[Dim], Sequence[Dim]]) -> bool:
-            """With one input name left once, alone (x[batch, seq] to [16] with seq 3 leaves batch
-            16 / 3), whether a whole extent of it keeps the count."""
-            unknown = [(side, d) for side, dims in enumerate(sides) for d in dims if count([d]) is None]
-            if len(unknown) != 1:
-                return True
-            side, dim = unknown[0]
-            if not isinstance(dim, Sym) or dim != Sym(dim.name) or dim.name not in self.names:
-                return True
-            mine, other = count([d for d in sides[side] if d is not dim]), count(sides[1 - side])
-            assert other is not None  # the one dimension left unknown is on this side
-            needed = other / mine if mine else Fraction(1)
-            return needed.denominator == 1 and needed >= 1
+    def count(dims: Sequence[Dim]) -> Fraction | None:
+        total = Fraction(1)
+        for dim in dims:
+            if isinstance(dim, Sym) and dim.name in known:
+                dim = dim.at(known[dim.name])
+            if not isinstance(dim, (int, Fraction)):
+                return None
+            total *= dim
+        return total
 
-        if any(known[name] > most for name, most in self.most.items() if name in known):
+    def solvable(sides: tuple[Sequence[Dim], Sequence[Dim]]) -> bool:
+        """With one input name left once, alone (x[batch, seq] to [16] with seq 3 leaves batch
+        16 / 3), whether a whole extent of it keeps the count."""
+        unknown = [(side, d) for side, dims in enumerate(sides) for d in dims if count([d]) is None]
+        if len(unknown) != 1:
+            return True
+        side, dim = unknown[0]
+        if not isinstance(dim, Sym) or dim != Sym(dim.name) or dim.name not in bindings.names:
+            return True
+        mine, other = count([d for d in sides[side] if d is not dim]), count(sides[1 - side])
+        assert other is not None  # the one dimension left unknown is on this side
+        needed = other / mine if mine else Fraction(1)
+        return needed.denominator == 1 and needed >= 1
+
+    if any(known[name] > most for name, most in bindings.most.items() if name in known):
+        return False
+    for terms, total in bindings.totals:
+        added = [c for d in terms if (c := count([d])) is not None]
+        if len(added) == len(terms) and sum(added) != total:
             return False
-        for terms, total in self.totals:
-            added = [c for d in terms if (c := count([d])) is not None]
-            if len(added) == len(terms) and sum(added) != total:
-                return False
-        for left, right in self.counts:
-            counted = count(left), count(right)
-            if None not in counted and counted[0] != counted[1]:
-                return False
-            if not solvable((left, right)):
-                return False
-        return all(counted is None or not counted % needed
-                   for counted, needed in ((count(dims), needed) for dims, needed in self.divisible))
+    for left, right in bindings.counts:
+        counted = count(left), count(right)
+        if None not in counted and counted[0] != counted[1]:
+            return False
+        if not solvable((left, right)):
+            return False
+    return all(counted is None or not counted % needed
+               for counted, needed in ((count(dims), needed) for dims, needed in bindings.divisible))

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 
-from amp_rewrite.inputs.dims.bindings import MAX_SEARCHED, Bindings
+from amp_rewrite.inputs.dims.bindings import MAX_SEARCHED, Bindings, consistent
 from amp_rewrite.inputs.dims.symbols import GUESSED, Dim, Sym, solutions
 
 
@@ -100,7 +100,7 @@ class Solver(Bindings):
             low = max(self.least.get(last, 1), *(d.reaching(1) for d in mine))
             span = MAX_SEARCHED if not turn else min(MAX_SEARCHED, 4 * needed)
             for fit in (e for e in range(low, low + span) if not rest * math.prod(d.at(e) for d in mine) % needed):
-                if self.consistent({**at, last: fit}):
+                if consistent(self, {**at, last: fit}):
                     chosen = (at, last, fit)
                     break
                 if fallback is None and not turn:
@@ -136,7 +136,7 @@ class Solver(Bindings):
             rest = left - sum(d.at(at[name]) for name in others for d in factors[name])
             extent, remainder = divmod(rest - sum(d.offset for d in factors[last]),
                                        sum(d.scale for d in factors[last]))
-            if not remainder and extent >= least[last] and self.consistent({**at, last: extent}):
+            if not remainder and extent >= least[last] and consistent(self, {**at, last: extent}):
                 self.split([Sym(name) for name in (*others, last)], extent, origin, others=at)
                 return
 
@@ -201,7 +201,7 @@ class Solver(Bindings):
         # may come from a product's need that another name can meet)
         chosen, best = None, None
         for at, extent in self._candidates(tries, others, last, factors, fixed[side], fixed[1 - side]):
-            rank = (extent >= least[last], self.consistent({**at, last: extent}),
+            rank = (extent >= least[last], consistent(self, {**at, last: extent}),
                     all(at[name] >= least[name] for name in others))
             if best is None or rank > best:
                 chosen, best = (at, extent), rank

@@ -28,9 +28,10 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from amp_rewrite.inputs.dims.bindings import Bindings
 from amp_rewrite.inputs.dims.counting import Solver
 from amp_rewrite.inputs.dims.registry import lookup
-from amp_rewrite.inputs.dims.symbols import AT_LEAST, AT_MOST, Pin
+from amp_rewrite.inputs.dims.symbols import AT_LEAST, AT_MOST, Pin, Sym
 from amp_rewrite.ir.graph import ModelIndex, ValueKey, names_read, subgraphs
 from amp_rewrite.ir.sizes import iter_graphs, without_weights
 
@@ -93,7 +94,7 @@ def implied_dims(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str
         _apply(rules, declared)
     if rules.settle():  # a binding moved: the counts it left a name may solve now
         _apply(rules, declared)
-    for name, terms in rules.sums_broadcast_with().items():  # a sum of others, whatever extents they take
+    for name, terms in _sums_broadcast_with(rules).items():  # a sum of others, whatever extents they take
         if name not in pins:
             pins[name] = Pin(0, f"the sum {' + '.join(terms)} it is broadcast with", sum_of=terms)
     for name in names - set(pins):  # what the readers of a name that nothing bound need at least, or allow at most
@@ -192,3 +193,23 @@ def _declared(model: onnx.ModelProto, index: ModelIndex) -> list[tuple[ValueKey,
                 declared.append((key, tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
                                             for d in tensor_type.shape.dim)))
     return declared
+
+
+def _sums_broadcast_with(b: Bindings) -> dict[str, tuple[str, ...]]:
+    """For each input name broadcast together with one sum of input names and nothing else
+    that binds it (a mask[batch, total] against attention scores over cached and new keys,
+    Concat(past, seq)): the names it is the sum of."""
+    groups: dict[str, list[str]] = {}
+    for name in {*b.together, *b.together.values()}:
+        groups.setdefault(b.group(name), []).append(name)
+    found = {}
+    for members in groups.values():
+        totals = [b.sums[m] for m in members if m in b.sums]
+        inputs = [m for m in members if m in b.names]
+        if len(totals) != 1 or len(inputs) != 1:
+            continue
+        terms = [t for t in totals[0] if isinstance(t, Sym)]
+        if len(terms) == len(totals[0]) and all(t == Sym(t.name) and t.name in b.names and t.name != inputs[0]
+                                                for t in terms):
+            found[inputs[0]] = tuple(t.name for t in terms)
+    return found

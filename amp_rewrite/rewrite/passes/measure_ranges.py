@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 
 import onnx
 
@@ -16,7 +15,7 @@ from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
-from amp_rewrite.rewrite.measuring import Failure, StatsByKey, Table
+from amp_rewrite.rewrite.measuring import Failure, Pending, StatsByKey, Table
 from amp_rewrite.rewrite.options import MeasurementOptions
 from amp_rewrite.rewrite.passes.base import Pass, PassResult
 
@@ -241,21 +240,6 @@ def _touching(analysis: Analysis, value: Value) -> list[int]:
     if producer and producer[0] in analysis.slots and producer[1] in analysis.slots[producer[0]].outputs:
         nodes.append(producer[0])
     return nodes
-
-
-@dataclass(frozen=True)
-class Pending:
-    """The values MeasureRanges left for ``settle``, and how they are measured."""
-
-    watched: list[Value]
-    sources: dict[ValueKey, ValueKey]
-    """The ``_same_elements_source`` of each watched value whose statistics stand under another's
-    key (the others' stand under their own, which a dict of every watched value would repeat)."""
-    calibrated: bool
-    source: str
-    """What the values are measured on (the report's words)."""
-    options: MeasurementOptions
-    """The thresholds the values are judged by."""
 
 
 def _advice(analysis: Analysis, failure: Failure) -> str:
