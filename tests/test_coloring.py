@@ -13,9 +13,9 @@ from onnx import numpy_helper
 from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.passes import MeasureRanges
-from amp_rewrite.rewrite.pipeline import start_measuring
 from amp_rewrite.runtime import expose, ranges
 from amp_rewrite.runtime.emulate import emulated
+from amp_rewrite.workflows.analyze import range_check
 from models import builders
 from tests.helpers import cast_count, colors, model, rms_norm, rng, run
 
@@ -547,7 +547,8 @@ def test_the_range_check_measures_every_value_beside_the_analysis(monkeypatch):
     out, report = convert(m, provider=None)
     assert colors(out) == {"allow1": "fp32"} and report.range_check.startswith("measured 1 values")
     for options in (ConvertOptions(range_check="off").validated(), ConvertOptions(precision="bfloat16").validated()):
-        assert start_measuring(m, options, ranges.Meter.of(options.measurement, None)) is None
+        with range_check(m, options, None) as (_, every):
+            assert every is None
 
 
 def _matmul_and_other(tmp_path, big: bool, custom: bool):
@@ -577,9 +578,9 @@ def test_a_saved_conversion_goes_on_while_the_range_check_measures_with_the_same
     in_memory, expected = convert(m, provider=None)
     settle = MeasureRanges.settle
 
-    def slow_settle(analysis):
+    def slow_settle(analysis, found):
         time.sleep(WAIT)
-        return settle(analysis)
+        return settle(analysis, found)
 
     monkeypatch.setattr(MeasureRanges, "settle", staticmethod(slow_settle))
     _, report = convert(path, tmp_path / "out.onnx", provider=None)

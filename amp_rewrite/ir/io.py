@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -263,12 +264,33 @@ def check_output_path(source: str | os.PathLike | None, output: str | os.PathLik
 
 
 def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None,
-         deferred: Mapping[str, Precision] | None = None, ready: Callable[[], bool] | None = None,
-         source: str | os.PathLike | None = None) -> int | None:
+         deferred: Mapping[str, Precision] | None = None, source: str | os.PathLike | None = None) -> int:
     """Write ``model`` atomically (nothing appears at ``output`` unless all of it was written)
-    and return the bytes written; external tensors (and any model over 2 GB) go to ``OUT.data``.
-    ``ready`` is asked once everything is written, before the files take their names: where it
-    says False (None returned) or raises, nothing is left behind.
+    and return the bytes written: ``writing``, committed."""
+    with writing(model, output, base_dir, deferred, source) as written:
+        written.commit()
+    return written.size
+
+
+class Written:
+    """A model written beside its destination under temporary names: ``commit`` gives the files
+    their names; a ``writing`` block left without it leaves nothing behind."""
+
+    def __init__(self, renames: list[tuple[str, Path]], size: int) -> None:
+        self.renames, self.size = renames, size
+
+    def commit(self) -> None:
+        for temp, final in self.renames:
+            os.replace(temp, final)
+        self.renames = []
+
+
+@contextlib.contextmanager
+def writing(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.PathLike | None,
+            deferred: Mapping[str, Precision] | None = None,
+            source: str | os.PathLike | None = None) -> Iterator[Written]:
+    """``model`` written under temporary names beside ``output`` (a ``Written``, which the block
+    commits or not); external tensors (and any model over 2 GB) go to ``OUT.data``.
 
     The model is written piece by piece, never as one serialized string, and the tensors
     that InsertCasts marked (external ones, and the top-level initializers named in
@@ -284,34 +306,31 @@ def save(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | os.P
     temps: list[str] = []
     try:
         pieces = None if spilled else _pieces(model, deferred, base_dir, lent)
-        written = 0
+        size = 0
+        renames = []
         if pieces is None or pieces.size > PROTOBUF_LIMIT:
             data = output.parent / (output.name + ".data")
             temps.append(_temp_beside(data))
+            renames.append((temps[-1], data))
             with open(temps[-1], "wb") as sink:
                 _externalize_all(model, sink, data.name, base_dir, deferred)
-                written = sink.tell()
+                size = sink.tell()
             pieces = _Pieces()
             pieces.add(model.SerializeToString())
         temps.append(_temp_beside(output))
+        renames.append((temps[-1], output))
         with open(temps[-1], "wb", buffering=WRITE_BUFFER) as sink:
             pieces.write(sink)
             if sink.tell() != pieces.size:  # the length prefixes written ahead would not match
                 raise RuntimeError(f"wrote {sink.tell()} bytes of a model counted as {pieces.size}")
-            written += sink.tell()
-        if ready is not None and not ready():
-            return None
-        if len(temps) == 2:
-            os.replace(temps[0], data)
-        os.replace(temps[-1], output)
-        temps.clear()
+            size += sink.tell()
+        yield Written(renames, size)
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror}") from None
     finally:
         for temp in temps:
             if os.path.exists(temp):
                 os.unlink(temp)
-    return written
 
 
 class _Pieces:

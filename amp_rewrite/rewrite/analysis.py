@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from onnx import TensorProto
 
-from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value, ValueKey
+from amp_rewrite.ir.graph import GRAPH_INPUT, INITIALIZER, ModelIndex, Value
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import InferredTypes
 from amp_rewrite.ir.tensors import constant_tensor
 from amp_rewrite.policy.classes import Policy
 from amp_rewrite.policy.oplists import DENY, INFER, MEASURED_CLASSES, OP_CLASSES, ZERO_SINGULAR_INPUTS, op_key
 from amp_rewrite.rewrite.coloring import Color, Coloring, Priority
-from amp_rewrite.rewrite.measuring import Measurement, Pending, Table
+from amp_rewrite.rewrite.measuring import Pending, Ranges
 from amp_rewrite.rewrite.options import ConvertOptions
 
 FLOAT = TensorProto.FLOAT
@@ -52,20 +51,10 @@ class Analysis:
     seconds: dict[str, float] = field(default_factory=dict)
     """Seconds by pipeline step (the index, each pass), as ``analyze`` and ``rewrite`` timed them."""
     measured_fp32: dict[str, str] = field(default_factory=dict)
-    measured: dict | None = None
-    """Value statistics measured ahead (``expose.ValueStats`` by value key); MeasureRanges
-    uses them instead of running the model."""
-    measuring: Measurement | None = None
-    """The range check's measurement, started before the analysis (``pipeline.start_measuring``,
-    by the meter the pipeline is given); MeasureRanges collects it."""
-    remeasure: Callable[[list[ValueKey]], Table] | None = None
-    """Measures the values of those keys now: what MeasureRanges falls back on where
-    ``measuring`` failed or was not started."""
-    speculate: bool = False
-    """Whether MeasureRanges may leave its values ``pending`` when the measurement is not in,
-    for the caller to ``settle`` after converting on."""
+    ranges: Ranges = field(default_factory=Ranges)
+    """What the range check judges (``measuring.Ranges``: data, or calls returning data)."""
     pending: Pending | None = None
-    """What ``MeasureRanges.settle`` judges once the measurement is in."""
+    """What MeasureRanges left for its caller to judge (``settle``) once the measurement is in."""
     inferred: InferredTypes | None = None
     """Tensor types shape inference found ahead (``sizes.inferred_types``) for ChooseMinCasts's
     costs, then declared in the model by ``DeclareInferredShapes``, which drops them; None:
@@ -73,8 +62,7 @@ class Analysis:
 
     def __post_init__(self) -> None:
         coloring = self.options.coloring
-        self.policy = Policy(coloring.provider, coloring.policy,
-                             measured=self.measuring is not None or self.measured is not None)
+        self.policy = Policy(coloring.provider, coloring.policy, measured=self.ranges.ahead)
 
     @property
     def precision(self) -> Precision:

@@ -1,10 +1,11 @@
 """What the range check (``MeasureRanges``) is given to judge: measurements, as data. The rewrite
-runs nothing: a ``Meter`` (``runtime.ranges.Meter``, which these describe) measures the model,
-and the callers above both layers (``workflows``, ``training``) hand the pipeline one, as
-calibration hands a quantizer its table."""
+runs nothing: ``runtime.ranges`` measures the model (its tables are what ``Table`` describes), and
+the callers above both layers (``workflows``, ``training``) start, wait for and close the
+measurement, handing the pipeline ``Ranges``, as calibration hands a quantizer its table."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,24 +61,26 @@ class Table(Protocol):
     def failure(self) -> Failure | None: ...
 
 
-class Measurement(Protocol):
-    """A measurement of every float value, started beside the analysis (``ranges.Measurement``)."""
+@dataclass(frozen=True)
+class Ranges:
+    """What the range check judges, as the pipeline is handed it: data, or calls that return data
+    (the pipeline waits in them; it never holds a running measurement). ``measured``: statistics of
+    every float value measured ahead (a calibration, the float32 run of a validation), used as they
+    are. ``table``: the table of every float value's statistics, which the caller measures beside
+    the analysis (None back where the values the range check watches should be measured on their
+    own). ``measure``: those values of the model analyzed, measured now. ``defer``: the range check leaves its values
+    ``pending`` and the caller judges them once its measurement is in (``MeasureRanges.settle``),
+    converting on meanwhile."""
 
-    def result(self) -> Table | None:
-        """The table (or, for a hang, one that says so), or None where the values a caller
-        watches should be measured on their own."""
+    measured: StatsByKey | dict | None = None
+    table: Callable[[], Table | None] | None = None
+    measure: Callable[[onnx.ModelProto, list[ValueKey]], Table] | None = None
+    defer: bool = False
 
-    def close(self) -> None: ...
-
-
-class Meter(Protocol):
-    """Measures a model's values on the data it was made for (``ranges.Meter``)."""
-
-    def start(self, model: onnx.ModelProto) -> Measurement | None:
-        """Every float value, measured beside the caller (None where no child can be had)."""
-
-    def measure(self, model: onnx.ModelProto, keys: list[ValueKey]) -> Table:
-        """``keys``, measured now."""
+    @property
+    def ahead(self) -> bool:
+        """Whether every value is measured, or being measured, apart from what the range check watches."""
+        return self.measured is not None or self.table is not None
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,15 @@ Each stage is a sequence of passes on one context (``passes.base``): ``model_pas
 before it is indexed, ``analysis_passes`` on the ``Analysis``, ``rewrite_passes`` on the ``Rewrite``;
 ``run_passes`` runs one and times each pass under its name in ``Analysis.seconds``.
 
-The pipeline runs no model: the range check's measurements come from the ``Meter`` its caller
-gives it (``measuring.Meter``: ``runtime.ranges.Meter``), which it starts beside the analysis.
+The pipeline runs no model and holds no running measurement: the range check judges the
+``measuring.Ranges`` its caller hands it (tables, and calls that return them), and the caller
+(``workflows``, ``training``) starts the measurement beside the analysis, on the model ``prepare``
+made, and stops it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
 import time
@@ -30,7 +31,7 @@ from amp_rewrite.ir.graph import ModelIndex
 from amp_rewrite.ir.memory import release_free_memory
 from amp_rewrite.ir.sizes import inferred_types, lacks_shapes
 from amp_rewrite.rewrite.analysis import Analysis
-from amp_rewrite.rewrite.measuring import Measurement, Meter
+from amp_rewrite.rewrite.measuring import Ranges
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes import (
     ChooseMinCasts,
@@ -90,79 +91,61 @@ def run_passes(passes: Iterable[Pass[Context]], context: Context, seconds: dict[
     return PassResult(changed, tuple(notes))
 
 
-def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
-            base_dir: str | os.PathLike | None = None, measured: dict | None = None, *,
-            measuring: Measurement | None = None, speculate: bool = False, meter: Meter | None = None) -> Analysis:
-    """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
-    ``measured``: value statistics from an earlier run, used instead of running the model.
-    ``measuring``: the range check's measurement from an earlier analysis of the same model
-    (else one starts here, beside the analysis). ``speculate``: the range check may leave its
-    values ``pending`` for ``MeasureRanges.settle`` (the caller converts on meanwhile). ``meter``:
-    what measures the model's values for the range check (``runtime.ranges.Meter``); required
-    where the range check runs without ``measured`` values. A model that defines functions is
-    analyzed with them inlined (in a copy), as ``rewrite`` converts it."""
-    options = (options or ConvertOptions()).validated()
-    return _analyze(model, options, base_dir, measured, measuring, speculate, meter, {})
-
-
-def _analyze(model: onnx.ModelProto, options: ConvertOptions, base_dir: str | os.PathLike | None,
-             measured: dict | None, measuring: Measurement | None, speculate: bool, meter: Meter | None,
-             seconds: dict[str, float]) -> Analysis:
-    """``analyze`` with validated ``options``, its steps timed into ``seconds`` (which may hold
-    the caller's steps already)."""
-    prepared = PassResult(False)
+def prepare(model: onnx.ModelProto, options: ConvertOptions, seconds: dict[str, float],
+            copy: bool = False) -> tuple[onnx.ModelProto, PassResult]:
+    """``model`` as the analysis takes it (step 0: functions inlined, an opset ONNX Runtime lacks
+    upgraded), in place, or where ``copy``, in a copy made only where a pass applies; what the
+    passes did. A range check's measurement is of this model: its value keys are the analysis's."""
     inline, upgrade = model_passes(options)
-    if model.functions or upgrade.needed(model):
+    if copy:
+        if not (model.functions or upgrade.needed(model)):
+            return model, PassResult(False)
         model = onnx.ModelProto.FromString(model.SerializeToString())
-        prepared = run_passes((inline, upgrade), model, seconds)
-    if measuring is None and measured is None and meter is not None:
-        measuring = start_measuring(model, options, meter)
-    try:
-        with gc_paused():
-            started = time.perf_counter()
-            # Shapes the model lacks are inferred before the index exists, and the inference's
-            # memory is handed back before the index is built: inferred after it, their memory
-            # would add to the index's at the conversion's peak. (Inferred in a child process
-            # beside the analysis, they would cost more memory and save no time.)
-            inferred = inferred_types(model) if lacks_shapes(model) else None
-            release_free_memory()
-            inferred_at = time.perf_counter()
-            analysis = Analysis(ModelIndex(model), options, base_dir, measured=measured, measuring=measuring,
-                                remeasure=None if meter is None else functools.partial(meter.measure, model),
-                                speculate=speculate, inferred=inferred, seconds=seconds)
-            analysis.seconds["ShapeInference"] = inferred_at - started
-            analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
-            analysis.notes.extend(run_passes(analysis_passes(options), analysis, analysis.seconds).notes)
-    except BaseException:
-        if measuring is not None:
-            measuring.close()
-        raise
-    if measuring is not None and analysis.pending is None:  # collected, or nothing could change precision
-        measuring.close()
-    analysis.notes.extend(prepared.notes)
+    return model, run_passes((inline, upgrade), model, seconds)
+
+
+def analyze(model: onnx.ModelProto, options: ConvertOptions | None = None,
+            base_dir: str | os.PathLike | None = None, ranges: Ranges | None = None, *,
+            prepared: PassResult | None = None, seconds: dict[str, float] | None = None) -> Analysis:
+    """Color ``model`` without editing it: the coloring, each decision's reason, and notes.
+    ``ranges``: what the range check judges (``measuring.Ranges``; without them a range check that
+    runs finds nothing to measure with). ``prepared``: what ``prepare`` did to ``model`` (None: a
+    model that defines functions or needs upgrading is prepared here, in a copy). ``seconds``: the
+    caller's steps timed so far, the analysis's added."""
+    options = (options or ConvertOptions()).validated()
+    seconds = {} if seconds is None else seconds
+    if prepared is None:
+        model, prepared = prepare(model, options, seconds, copy=True)
+    with gc_paused():
+        started = time.perf_counter()
+        # Shapes the model lacks are inferred before the index exists, and the inference's
+        # memory is handed back before the index is built: inferred after it, their memory
+        # would add to the index's at the conversion's peak. (Inferred in a child process
+        # beside the analysis, they would cost more memory and save no time.)
+        inferred = inferred_types(model) if lacks_shapes(model) else None
+        release_free_memory()
+        inferred_at = time.perf_counter()
+        analysis = Analysis(ModelIndex(model), options, base_dir, ranges=ranges or Ranges(), inferred=inferred,
+                            seconds=seconds)
+        analysis.seconds["ShapeInference"] = inferred_at - started
+        analysis.seconds["ModelIndex"] = time.perf_counter() - inferred_at
+        analysis.notes.extend(run_passes(analysis_passes(options), analysis, analysis.seconds).notes)
+    analysis.notes.extend(note for note in prepared.notes if note not in analysis.notes)
     return analysis
 
 
-def start_measuring(model: onnx.ModelProto, options: ConvertOptions, meter: Meter) -> Measurement | None:
-    """The range check's measurement of every float value of ``model`` by ``meter``, started
-    beside the analysis (None where the options rule the range check out, or no child can be had)."""
-    if MeasureRanges(options.measurement).skip_reason(model):
-        return None
-    return meter.start(model)
-
-
-def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None,
-            measured: dict | None = None, defer: bool = False, *, measuring: Measurement | None = None,
-            speculate: bool = False, meter: Meter | None = None) -> tuple[Analysis, RewriteStats]:
+def rewrite(proto: onnx.ModelProto, options: ConvertOptions, base_dir: str | None, defer: bool = False,
+            ranges: Ranges | None = None, *, prepared: PassResult | None = None,
+            seconds: dict[str, float] | None = None) -> tuple[Analysis, RewriteStats]:
     """Color ``proto`` and insert its casts, in place. ``defer``: leave the conversion of
-    top-level initializers to ``io.save`` (see ``InsertCasts``); ``measuring``, ``speculate``,
-    ``meter``: as ``analyze`` takes them."""
+    top-level initializers to ``io.save`` (see ``InsertCasts``); ``ranges``, ``seconds``: as
+    ``analyze`` takes them; ``prepared``: what ``prepare`` did to ``proto`` (None: prepared here)."""
     options = options.validated()
+    seconds = {} if seconds is None else seconds
     with gc_paused():
-        seconds: dict[str, float] = {}
-        prepared = run_passes(model_passes(options), proto, seconds)
-        analysis = _analyze(proto, options, base_dir, measured, measuring, speculate, meter, seconds)
-        analysis.notes.extend(note for note in prepared.notes if note not in analysis.notes)
+        if prepared is None:
+            _, prepared = prepare(proto, options, seconds)
+        analysis = analyze(proto, options, base_dir, ranges, prepared=prepared, seconds=seconds)
         release_free_memory()
         edits = Rewrite(analysis)
         analysis.notes.extend(run_passes(rewrite_passes(defer), edits, analysis.seconds).notes)

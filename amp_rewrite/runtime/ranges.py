@@ -13,9 +13,10 @@ the first the model runs on measured.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -83,8 +84,8 @@ class Source:
 
 
 class Meter:
-    """Measures models' values on ``source``: what the rewrite's range check is handed (its
-    ``measuring.Meter``), whose tables it judges."""
+    """Measures models' values on ``source``: what the callers of the rewrite's range check measure
+    with, handing it the tables (``measuring.Ranges``) it judges."""
 
     def __init__(self, source: Source, base_dir) -> None:
         self.source, self.base_dir = source, base_dir
@@ -96,6 +97,17 @@ class Meter:
     def start(self, model: onnx.ModelProto) -> Measurement | None:
         """``start``: every float value of ``model``, measured beside the caller."""
         return start(model, self.source, self.base_dir)
+
+    @contextlib.contextmanager
+    def beside(self, model: onnx.ModelProto, wanted: bool) -> Iterator[Measurement | None]:
+        """Every float value of ``model`` measured beside the block, where ``wanted`` (the range
+        check runs on it) and a child can be had; stopped at the block's end if still running."""
+        measurement = self.start(model) if wanted else None
+        try:
+            yield measurement
+        finally:
+            if measurement is not None:
+                measurement.close()
 
     def measure(self, model: onnx.ModelProto, keys: list[ValueKey]) -> Table:
         """``measure``: ``keys`` measured now; where that fails, a table that says why."""

@@ -36,8 +36,10 @@ from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.specialize import specialized
 from amp_rewrite.ir.tensors import initializer_to_input, read_array
+from amp_rewrite.rewrite.measuring import Ranges
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.pipeline import rewrite
+from amp_rewrite.rewrite.passes import MeasureRanges
+from amp_rewrite.rewrite.pipeline import prepare, rewrite
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
 from amp_rewrite.runtime.expose import expose
@@ -267,8 +269,14 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
 
 
 def measured_rewrite(proto: onnx.ModelProto, options: ConvertOptions):
-    """``rewrite`` with ``options`` (validated), its range check measured by ONNX Runtime."""
-    return rewrite(proto, options, None, meter=ranges.Meter.of(options.measurement, None))
+    """``rewrite`` with ``options`` (validated), its range check measured by ONNX Runtime: every
+    value beside the analysis, where the range check runs (``measuring.Ranges``)."""
+    seconds: dict[str, float] = {}
+    _, prepared = prepare(proto, options, seconds)
+    meter = ranges.Meter.of(options.measurement, None)
+    with meter.beside(proto, not MeasureRanges(options.measurement).skip_reason(proto)) as every:
+        found = Ranges(table=every.result if every else None, measure=meter.measure)
+        return rewrite(proto, options, None, ranges=found, prepared=prepared, seconds=seconds)
 
 
 _GENERATED = "generated inputs"

@@ -41,7 +41,7 @@ from amp_rewrite.numerics.check import load_model
 from amp_rewrite.policy.kernels import PROVIDERS
 from amp_rewrite.rewrite.coloring import Color
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes.measure_ranges import recorded_fp32
+from amp_rewrite.rewrite.records import recorded_fp32
 from amp_rewrite.runtime.timing import ASYNCHRONOUS, NodeTime, Timed, Timing, default_provider, time_models
 from amp_rewrite.workflows.analyze import analyze
 from amp_rewrite.workflows.convert import convert

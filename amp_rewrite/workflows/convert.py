@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -16,12 +17,16 @@ import onnx
 from amp_rewrite.errors import UserError
 from amp_rewrite.ir import io, ir_versions
 from amp_rewrite.ir.tensors import close_data_file, data_file
+from amp_rewrite.rewrite import pipeline
 from amp_rewrite.rewrite.analysis import Analysis
+from amp_rewrite.rewrite.measuring import Ranges
 from amp_rewrite.rewrite.options import ConvertOptions
-from amp_rewrite.rewrite.passes.measure_ranges import RECORD_KEY, MeasureRanges
-from amp_rewrite.rewrite.pipeline import gc_paused, rewrite
+from amp_rewrite.rewrite.passes.measure_ranges import MeasureRanges
+from amp_rewrite.rewrite.pipeline import gc_paused
+from amp_rewrite.rewrite.records import record
 from amp_rewrite.rewrite.report import Report, build_report
 from amp_rewrite.runtime import instrument, ranges
+from amp_rewrite.workflows.analyze import range_check
 
 if TYPE_CHECKING:
     import onnx_ir
@@ -67,56 +72,57 @@ def _convert(model, output, options: ConvertOptions):
     # listed now: the save points the tensors at the output's files
     inputs = _input_files(model, io.initializers(proto)) if kind == "path" else []
     validation = None
-    meter = ranges.Meter.of(options.measurement, base_dir)  # the range check's: the pipeline runs no model
-    if options.validate:
-        from amp_rewrite.workflows.validate import convert_validated  # its numerics: only when asked
+    with contextlib.ExitStack() as measuring:
+        if options.validate:
+            from amp_rewrite.workflows.validate import convert_validated  # its numerics: only when asked
 
-        proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
-    else:
-        # A path's output is saved here: its initializers are converted as they are written,
-        # and the range check's measurement is settled once they are.
-        analysis, stats = rewrite(proto, options, base_dir, defer=kind == "path", speculate=kind == "path",
-                                  meter=meter)
-    _record_decisions(proto, analysis)
-    _declare_ir_version(proto, analysis)
-    saving = time.perf_counter()
-    # seconds by step of a first conversion that the range check undid (the ignores below: typeshed's
-    # Counter counts ints alone)
-    spent: Counter[str] = Counter()
-    if kind == "path":
-        try:
-            written = _save(proto, model, output, base_dir, stats, analysis)
-            if written is None:  # the range check keeps nodes float32: convert again with its measurement
-                spent.update(analysis.seconds)
-                saved = time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
-                spent[_SAVE] += saved  # type: ignore[assignment]
-                reloading = time.perf_counter()
-                proto = io.load(model, borrow=io.EXTERNAL_THRESHOLD)
-                spent[_LOAD] += time.perf_counter() - reloading  # type: ignore[assignment]
-                analysis, stats = rewrite(proto, options, base_dir, defer=True, measuring=analysis.measuring,
-                                          meter=meter)
-                _record_decisions(proto, analysis)
-                _declare_ir_version(proto, analysis)
-                saving = time.perf_counter()
-                written = _save(proto, model, output, base_dir, stats, analysis)
-        finally:
-            if analysis.measuring is not None:
-                analysis.measuring.close()
-            for path in inputs:
-                close_data_file(path)  # none of the input's files held open after
-        report = build_report(analysis, stats)
-        report.bytes_before = sum(path.stat().st_size for path in inputs if path.is_file())
-        report.bytes_after = written
-        result = output
-    else:
-        report = build_report(analysis, stats)
-        report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
-        if kind == "ir":
-            import onnx_ir as ir
-
-            result = ir.serde.deserialize_model(proto)
+            proto, analysis, stats, validation = convert_validated(proto, options, base_dir)
+            found, every = Ranges(), None
         else:
-            result = proto
+            # A path's output is saved here: its initializers are converted as they are written,
+            # and the range check's measurement is settled once they are.
+            seconds: dict[str, float] = {}
+            _, prepared = pipeline.prepare(proto, options, seconds)
+            found, every = measuring.enter_context(range_check(proto, options, base_dir, defer=kind == "path"))
+            analysis, stats = pipeline.rewrite(proto, options, base_dir, kind == "path", found, prepared=prepared,
+                                               seconds=seconds)
+        record(proto, analysis.measured_fp32)
+        _declare_ir_version(proto, analysis)
+        saving = time.perf_counter()
+        # seconds by step of a first conversion that the range check undid (the ignores below: typeshed's
+        # Counter counts ints alone)
+        spent: Counter[str] = Counter()
+        if kind == "path":
+            try:
+                written = _save(proto, model, output, base_dir, stats, analysis, every)
+                if written is None:  # the range check keeps nodes float32: convert again with its measurement
+                    spent.update(analysis.seconds)
+                    saved = time.perf_counter() - saving - analysis.seconds.get(_SETTLE, 0.0)
+                    spent[_SAVE] += saved  # type: ignore[assignment]
+                    reloading = time.perf_counter()
+                    proto = io.load(model, borrow=io.EXTERNAL_THRESHOLD)
+                    spent[_LOAD] += time.perf_counter() - reloading  # type: ignore[assignment]
+                    analysis, stats = pipeline.rewrite(proto, options, base_dir, True, replace(found, defer=False))
+                    record(proto, analysis.measured_fp32)
+                    _declare_ir_version(proto, analysis)
+                    saving = time.perf_counter()
+                    written = _save(proto, model, output, base_dir, stats, analysis, every)
+            finally:
+                for path in inputs:
+                    close_data_file(path)  # none of the input's files held open after
+            report = build_report(analysis, stats)
+            report.bytes_before = sum(path.stat().st_size for path in inputs if path.is_file())
+            report.bytes_after = written
+            result = output
+        else:
+            report = build_report(analysis, stats)
+            report.bytes_before, report.bytes_after = bytes_before, proto.ByteSize()
+            if kind == "ir":
+                import onnx_ir as ir
+
+                result = ir.serde.deserialize_model(proto)
+            else:
+                result = proto
     report.validation = validation
     report.seconds = time.perf_counter() - started
     spent.update(analysis.seconds)
@@ -130,21 +136,24 @@ _SETTLE = "MeasureRanges (settled)"
 _LOAD, _SAVE = "load", "save"
 
 
-def _save(proto: onnx.ModelProto, source, output, base_dir: str | None, stats, analysis: Analysis) -> int | None:
-    """``io.save``, once the range check that was still measuring when the conversion went on
-    (``analysis.pending``) changes nothing (its wait timed as part of the range check); None,
-    nothing written, where it keeps nodes float32."""
-
-    def settled() -> bool:
-        if analysis.pending is None:
-            return True
-        waiting = time.perf_counter()
-        try:
-            return MeasureRanges.settle(analysis)
-        finally:
-            analysis.seconds[_SETTLE] = time.perf_counter() - waiting
-
-    return io.save(proto, output, base_dir, stats.deferred, ready=settled, source=source)
+def _save(proto: onnx.ModelProto, source, output, base_dir: str | None, stats, analysis: Analysis,
+          measurement: ranges.Measurement | None) -> int | None:
+    """The model written, then committed once the range check that was still measuring when the
+    conversion went on (``analysis.pending``) is settled by ``measurement`` and changes nothing
+    (its wait timed as part of the range check); None, nothing written, where it keeps nodes
+    float32."""
+    with io.writing(proto, output, base_dir, stats.deferred, source) as written:
+        if analysis.pending is not None:
+            assert measurement is not None  # the range check defers only where a measurement runs
+            waiting = time.perf_counter()
+            try:
+                settled = MeasureRanges.settle(analysis, measurement.result())
+            finally:
+                analysis.seconds[_SETTLE] = time.perf_counter() - waiting
+            if not settled:
+                return None
+        written.commit()
+    return written.size
 
 
 def _stages(steps: Counter[str]) -> dict[str, float]:
@@ -167,16 +176,6 @@ def _load(model, output) -> tuple[onnx.ModelProto, str | None, str]:
     elif output is not None:
         raise UserError("output= is only for path inputs; in-memory models are returned")
     return io.read_model(model, "convert", borrow=io.EXTERNAL_THRESHOLD)
-
-
-def _record_decisions(proto: onnx.ModelProto, analysis: Analysis) -> None:
-    kept = analysis.measured_fp32
-    if not kept:
-        return
-    entries = [p for p in proto.metadata_props if p.key != RECORD_KEY]
-    del proto.metadata_props[:]
-    proto.metadata_props.extend(entries)
-    proto.metadata_props.add(key=RECORD_KEY, value=json.dumps(kept, sort_keys=True))
 
 
 def _declare_ir_version(proto: onnx.ModelProto, analysis: Analysis) -> None:

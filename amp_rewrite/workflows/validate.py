@@ -36,7 +36,8 @@ from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.rewrite.passes.insert_casts import RewriteStats
 from amp_rewrite.rewrite.pipeline import rewrite
-from amp_rewrite.runtime import expose, ranges
+from amp_rewrite.runtime import expose
+from amp_rewrite.workflows.analyze import range_check
 
 
 @dataclass
@@ -88,8 +89,8 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         round_options = replace(options, keep_fp32_nodes=[*options.keep_fp32_nodes, *map(re.escape, kept)])
         mixed = onnx.ModelProto()
         mixed.CopyFrom(proto)
-        analysis, stats = rewrite(mixed, round_options, base_dir, measured,
-                                  meter=ranges.Meter.of(round_options.measurement, base_dir))
+        with range_check(mixed, round_options, base_dir, measured) as (judged, _):
+            analysis, stats = rewrite(mixed, round_options, base_dir, ranges=judged)
         with tempfile.TemporaryDirectory(prefix="amp-rewrite-") as scratch:
             runnable, runnable_dir = _runnable(mixed, base_dir, scratch)
             observed = run_model(runnable, runnable_dir, DEFAULT_PROVIDER, data, emulate=True, watch=top,

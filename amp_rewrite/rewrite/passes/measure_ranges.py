@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 
 import onnx
@@ -18,18 +17,11 @@ from amp_rewrite.rewrite.coloring import Color, Priority
 from amp_rewrite.rewrite.measuring import Failure, Pending, StatsByKey, Table
 from amp_rewrite.rewrite.options import MeasurementOptions
 from amp_rewrite.rewrite.passes.base import Pass, PassResult
+from amp_rewrite.rewrite.records import recorded_fp32
 
-RECORD_KEY = "amp_rewrite.kept_fp32"
-"""Model metadata: nodes that measurements kept float32, so a second run keeps them too."""
 _GENERATED = "generated inputs"
 _NAMED = 5
 """Values named in the warning when none could be measured."""
-
-
-def recorded_fp32(model: onnx.ModelProto) -> dict[str, str]:
-    """What RECORD_KEY in the model's metadata holds: the reason for each node (by ``node_key``)
-    that measurements kept float32."""
-    return json.loads(next((p.value for p in model.metadata_props if p.key == RECORD_KEY), "") or "{}")
 
 
 class MeasureRanges(Pass[Analysis]):
@@ -46,16 +38,16 @@ class MeasureRanges(Pass[Analysis]):
     when nothing could be measured, such nodes are deny again, and the report says so
     prominently (``--range-check on``: an error).
 
-    The pass judges tables (``measuring.Table``) and runs nothing: the pipeline starts the
-    measurement of every float value before the analysis, beside it (``analysis.measuring``;
-    which values may run low is known only when the coloring is done, and measuring all of them
-    beside the analysis costs less time than measuring fewer after it), and gives the pass a way
-    to measure the watched values alone where that measurement failed (``analysis.remeasure``:
-    a node that no watched value needs may be one that ONNX Runtime cannot run).
+    The pass judges tables (``measuring.Table``) and runs nothing: its caller measures every float
+    value beside the analysis (``analysis.ranges.table``; which values may run low is known only
+    when the coloring is done, and measuring all of them beside the analysis costs less time than
+    measuring fewer after it), and gives the pass a way to measure the watched values alone where
+    that measurement failed (``analysis.ranges.measure``: a node that no watched value needs may
+    be one that ONNX Runtime cannot run).
 
-    A conversion may go on past this pass while the measurement runs (``speculate``): the
-    pass then leaves its values ``pending``, and ``settle`` says, once the measurement is in,
-    whether it changes nothing (the usual case: what was converted and written stands) or the
+    A conversion may go on past this pass while the measurement runs (``ranges.defer``): the
+    pass then leaves its values ``pending``, and ``settle`` says, given the measurement once it is
+    in, whether it changes nothing (the usual case: what was converted and written stands) or the
     conversion must run again with it.
     """
 
@@ -76,10 +68,11 @@ class MeasureRanges(Pass[Analysis]):
         """Keep float32 what the measured ranges rule out; the notes for the report."""
         self._apply_record(analysis)
         options = self.options
-        calibrated = bool(options.calibrate) or analysis.measured is not None
+        ranges = analysis.ranges
+        calibrated = bool(options.calibrate) or ranges.measured is not None
         # a measurement started only where nothing ruled the check out (and calibrated rules out less)
-        skip = (None if analysis.measuring is not None
-                else _skip_reason(analysis.index.initializers.values(), options, calibrated))
+        skip = None if ranges.table is not None else _skip_reason(analysis.index.initializers.values(), options,
+                                                                   calibrated)
         if skip:
             analysis.range_check = f"skipped: {skip}"
             return []
@@ -88,12 +81,12 @@ class MeasureRanges(Pass[Analysis]):
             analysis.range_check = "skipped: no value could change precision"
             return []
         source = _source(options, calibrated)
-        measured: StatsByKey | None = analysis.measured
+        measured: StatsByKey | dict | None = ranges.measured
         sources = None
         notes: list[str] = []
         if measured is None:
             sources = {v.key: found for v in watched if (found := _same_elements_source(analysis, v)) != v.key}
-            if analysis.speculate and analysis.measuring is not None:
+            if ranges.defer and ranges.table is not None:
                 analysis.pending = Pending(watched, sources, calibrated, source, options)
                 analysis.range_check = "pending"
                 return []
@@ -116,13 +109,13 @@ class MeasureRanges(Pass[Analysis]):
         return notes
 
     @staticmethod
-    def settle(analysis: Analysis) -> bool:
-        """Whether the measurement that the ``pending`` values wait for changes nothing: then
-        the report says what it measured. False where it would keep a node float32, or did
-        not run (the watched values are then measured on their own): convert again."""
+    def settle(analysis: Analysis, found: Table | None) -> bool:
+        """Whether ``found``, the measurement that the ``pending`` values waited for, changes
+        nothing: then the report says what it measured. False where it would keep a node float32,
+        or did not run (None, or a failure: the watched values are then measured on their own):
+        convert again."""
         pending, analysis.pending = analysis.pending, None
-        assert pending is not None and analysis.measuring is not None  # ``run`` left them pending on it
-        found = analysis.measuring.result()
+        assert pending is not None  # ``run`` left them pending
         if found is None or found.failure is not None:
             return False
         count, verdicts = _judged(analysis, pending.options, pending.watched, pending.sources, found.stats,
@@ -255,12 +248,14 @@ def _advice(analysis: Analysis, failure: Failure) -> str:
 
 def _measure(analysis: Analysis, watched: list[Value], sources: dict[ValueKey, ValueKey]) -> Table:
     """The table of the watched values' sources (``sources``: their ``_same_elements_source``
-    where it is another value), by source: from the measurement the pipeline started, or where it
-    failed (or did not start), measured now (``remeasure``); or why they could not be measured."""
-    found = analysis.measuring.result() if analysis.measuring is not None else None
+    where it is another value), by source: from the measurement of every value the caller made,
+    or where it failed (or was not made), measured now (``ranges.measure``); or why they could not
+    be measured."""
+    ranges = analysis.ranges
+    found = ranges.table() if ranges.table is not None else None
     if found is None:
-        assert analysis.remeasure is not None, "the pipeline measures with the meter it was given"
-        found = analysis.remeasure(sorted({sources.get(v.key, v.key) for v in watched}))
+        assert ranges.measure is not None, "a range check that runs is handed a way to measure"
+        found = ranges.measure(analysis.index.model, sorted({sources.get(v.key, v.key) for v in watched}))
     return found
 
 
