@@ -72,13 +72,13 @@ class TrainingStep:
     initial: dict[str, np.ndarray]
     """The first values of every carried input."""
     original: onnx.ModelProto
-    """The input of ``build``, as given: what ``Trainer.export`` writes with the trained weights."""
+    """The input of ``build``, as given: what ``Trainer.exported`` holds the trained weights in."""
     forward: onnx.ModelProto
     """The float32 model with the loss attached (what ``Trainer.evaluate`` runs)."""
     report: Report | None = None
     """The mixed-precision rewrite's report (None for float32)."""
     options: ConvertOptions | None = None
-    """The rewrite's options (None for float32): ``Trainer.export_mixed`` rewrites with them."""
+    """The rewrite's options (None for float32): ``Trainer.mixed`` rewrites with them."""
     encoder: onnx.ModelProto | None = None
     """The model's encoders of its string inputs, run ahead of the step (``encoders.split``); None: none."""
 
