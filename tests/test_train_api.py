@@ -143,3 +143,20 @@ def test_a_pool_worker_trains_as_the_main_process_does(method) -> None:
     assert set(there) == set(here)
     for name, weight in here.items():
         np.testing.assert_allclose(there[name], weight, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_step_is_written_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    """The step graph, its description and its first values take their names together: where the
+    graph cannot be written (after the others were), none is left behind."""
+    from amp_rewrite.ir import files
+
+    def full_disk(*args, **kwargs):
+        raise UserError("cannot write step.onnx: No space left on device")
+
+    monkeypatch.setattr(files, "writing", full_disk)
+    with pytest.raises(UserError, match="No space left"):
+        training_step(_mlp(), STEP, output_graph=tmp_path / "step.onnx")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    training_step(_mlp(), STEP, output_graph=tmp_path / "step.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.onnx", "step.onnx.init.npz", "step.onnx.json"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from amp_rewrite.cli.common import EXIT_CHECK_FAILED, EXIT_OK, check_writable, tolerance_arguments, tolerances
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import parse_shape
-from amp_rewrite.ir.io import save_text
+from amp_rewrite.ir.files import save_text
 from amp_rewrite.numerics.check import DEFAULT_PROVIDER
 
 

@@ -15,7 +15,7 @@ from amp_rewrite.cli.common import (
     tolerance_arguments,
 )
 from amp_rewrite.errors import printable
-from amp_rewrite.ir.io import save_text
+from amp_rewrite.ir.files import save_text
 from amp_rewrite.rewrite.options import ConvertOptions
 from amp_rewrite.workflows.convert import convert
 

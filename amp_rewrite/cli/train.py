@@ -9,7 +9,7 @@ from pathlib import Path
 
 from amp_rewrite.cli.common import EXIT_OK, check_writable, coloring_arguments, step_options, training_arguments
 from amp_rewrite.errors import UserError, printable
-from amp_rewrite.ir import io
+from amp_rewrite.ir import files
 from amp_rewrite.training.graph.optimizers import DEFAULT_LR
 from amp_rewrite.training.runner.batching import Batching
 from amp_rewrite.training.runner.options import GRAPH_MODES, FitOptions
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     _, report = train(args.input, args.data, step_options(args), fit, eval_data=args.eval, output=args.trained,
                       mixed_output=args.mixed_output, notes=functools.partial(_note, args.quiet))
     if args.report:
-        io.save_text(Path(args.report), report.to_json())
+        files.save_text(Path(args.report), report.to_json())
     if not args.quiet:
         print(f"amp-rewrite: {report.summary()}")
         print(f"  wrote {args.trained}" + (f" and {args.mixed_output}" if args.mixed_output else ""))

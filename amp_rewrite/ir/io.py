@@ -6,16 +6,15 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
 
 import google.protobuf.message
 import numpy as np
 import onnx
 from google.protobuf import unknown_fields
 
-from amp_rewrite.errors import UserError, printable
+from amp_rewrite.errors import UserError
 from amp_rewrite.ir import contents, external
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
@@ -310,14 +309,14 @@ def writing(model: onnx.ModelProto, output: str | os.PathLike, base_dir: str | o
         renames = []
         if pieces is None or pieces.size > PROTOBUF_LIMIT:
             data = output.parent / (output.name + ".data")
-            temps.append(_temp_beside(data))
+            temps.append(temp_beside(data))
             renames.append((temps[-1], data))
             with open(temps[-1], "wb") as sink:
                 _externalize_all(model, sink, data.name, base_dir, deferred)
                 size = sink.tell()
             pieces = _Pieces()
             pieces.add(model.SerializeToString())
-        temps.append(_temp_beside(output))
+        temps.append(temp_beside(output))
         renames.append((temps[-1], output))
         with open(temps[-1], "wb", buffering=WRITE_BUFFER) as sink:
             pieces.write(sink)
@@ -504,7 +503,7 @@ def _varint(n: int) -> bytes:
 _SMALL_VARINTS = [bytes([n]) for n in range(0x80)]
 
 
-def _temp_beside(path: Path) -> str:
+def temp_beside(path: Path) -> str:
     handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     os.close(handle)
     umask = os.umask(0)
@@ -559,33 +558,3 @@ def _copy(source, length: int, sink) -> None:
             break
         sink.write(chunk)
         length -= len(chunk)
-
-
-def save_text(path: Path, text: str) -> None:
-    """Write a text file atomically."""
-    _write_atomically(path, lambda sink: sink.write(text.encode()))
-
-
-def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write arrays keyed by tensor names as an ``.npz`` atomically. A name is a key of the archive,
-    never a path: zip stores any name as given, but a NUL would cut it short (two tensors could share
-    a key), so such a name is refused."""
-    cut = next((name for name in arrays if "\0" in name), None)
-    if cut is not None:
-        raise UserError(f"tensor {printable(cut)!r} has a NUL character in its name, which an .npz key cannot hold")
-    # numpy's stub reads the arrays' names as its allow_pickle flag too: hence the ignore
-    _write_atomically(path, lambda sink: np.savez(sink, **arrays))  # type: ignore[arg-type]
-
-
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write`` into a file beside ``path`` that takes its name once whole; nothing is left otherwise."""
-    temp = _temp_beside(path)
-    try:
-        with open(temp, "wb") as sink:
-            write(sink)
-        os.replace(temp, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)

@@ -31,7 +31,7 @@ from amp_rewrite.autodiff.gradient import default_parameters, differentiable
 from amp_rewrite.autodiff.lowerings.recurrent import unrolled
 from amp_rewrite.errors import RangeCheckFailed, UserError
 from amp_rewrite.inputs import samples
-from amp_rewrite.ir import io
+from amp_rewrite.ir import files, io
 from amp_rewrite.ir.builder import FLOAT_TYPES
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.specialize import specialized
@@ -324,10 +324,11 @@ def _lift_parameters(proto: onnx.ModelProto, names: list[str]) -> dict[str, np.n
 def save(step: TrainingStep, path: str | os.PathLike) -> None:
     """Write the step graph, its description (``.json``), its first values (``.init.npz``) and
     the encoder of the string inputs where the model has one (``.encoder.onnx``: ``StepSpec.strings``
-    in, ``StepSpec.encoded`` out)."""
+    in, ``StepSpec.encoded`` out): all of them, or none where one cannot be written."""
     stem = os.fspath(path)
-    if step.encoder is not None:
-        io.save(step.encoder, stem + ".encoder.onnx", None)
-    io.save_arrays(Path(stem + ".init.npz"), step.initial)
-    io.save_text(Path(stem + ".json"), step.spec.to_json())
-    io.save(step.model, path, None)
+    with files.together() as written:
+        written.arrays(Path(stem + ".init.npz"), step.initial)
+        written.text(Path(stem + ".json"), step.spec.to_json())
+        if step.encoder is not None:
+            written.model(step.encoder, stem + ".encoder.onnx")
+        written.model(step.model, path)

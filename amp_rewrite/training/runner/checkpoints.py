@@ -1,5 +1,5 @@
 """Checkpoints: every carried value of a step (weights, optimizer states, the loss scale, the step
-count) and the epoch it ends, in one ``.npz`` written whole or not at all (``io.save_arrays``),
+count) and the epoch it ends, in one ``.npz`` written whole or not at all (``files.save_arrays``),
 and read back only into a step whose carried values they match."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import read_npz
-from amp_rewrite.ir import io
+from amp_rewrite.ir import files
 from amp_rewrite.training.graph.flat_state import FLAT
 from amp_rewrite.training.spec import StepSpec
 
@@ -23,7 +23,7 @@ EPOCH_KEY = "__epoch__"
 def write(path: str | os.PathLike, state: Mapping[str, np.ndarray], epoch: int) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    io.save_arrays(path, {**state, EPOCH_KEY: np.array(epoch)})
+    files.save_arrays(path, {**state, EPOCH_KEY: np.array(epoch)})
 
 
 def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], int]:
