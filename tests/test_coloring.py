@@ -11,9 +11,10 @@ import pytest
 from onnx import numpy_helper
 
 from amp_rewrite import ConvertOptions, UserError, analyze, check, convert
+from amp_rewrite.ir.measurements import Thresholds, ValueStats
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.rewrite.passes import MeasureRanges
-from amp_rewrite.runtime import expose, ranges
+from amp_rewrite.runtime import ranges
 from amp_rewrite.runtime.emulate import emulated
 from amp_rewrite.workflows.analyze import range_check
 from models import builders
@@ -813,7 +814,7 @@ def test_a_minus_inf_mask_constant_runs_low_since_float16_holds_it_exactly():
     assert colors(out) == {"allow1": "low", "const": "low", "fill": "low", "soft": "low", "allow2": "low"}
     x = rng(6).standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(run(emulated(out), x=x, keep=keep)[0], run(m, x=x, keep=keep)[0], rtol=2e-2, atol=2e-2)
-    stats = expose.ValueStats.of(np.full(3, -np.inf, np.float32), expose.Thresholds.of(Precision.FLOAT16))
+    stats = ValueStats.of(np.full(3, -np.inf, np.float32), Thresholds.of(Precision.FLOAT16))
     assert stats.max_abs == 0.0 and stats.nonzero == 0
 
 

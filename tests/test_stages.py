@@ -7,11 +7,12 @@ import onnx
 import pytest
 
 from amp_rewrite.inputs import samples
+from amp_rewrite.ir.measurements import PackedStats, Thresholds, ValueStats
 from amp_rewrite.runtime import expose, instrument, stages
 from models.builders import control_flow, transformer
 from tests.helpers import model
 
-THRESHOLD = expose.Thresholds(3e-8, 6e-5)
+THRESHOLD = Thresholds(3e-8, 6e-5)
 
 
 def _at_once(m: onnx.ModelProto, keys, data) -> dict:
@@ -135,7 +136,7 @@ def test_packed_statistics_cross_a_pickle_and_read_as_the_dict_they_pack() -> No
     m = control_flow()
     keys = expose.float_values(m)
     stats = _staged(m, keys, samples.generate(m, 2, seed=3))
-    packed = pickle.loads(pickle.dumps(expose.PackedStats(stats)))
+    packed = pickle.loads(pickle.dumps(PackedStats(stats)))
     assert len(packed) == len(stats) > 0
     for key, value in stats.items():
         got = packed.get(key)
@@ -169,7 +170,7 @@ def test_a_nested_value_measured_in_the_graph_counts_only_its_finite_elements() 
     staged = _staged(m, keys, data)
     assert staged == _at_once(m, keys, data)
     assert staged[next(k for k in keys if k[1] == "masked")].max_abs == 4.0
-    assert staged[next(k for k in keys if k[1] == "minus_inf")] == expose.ValueStats(0.0, 0, 0, 0)
+    assert staged[next(k for k in keys if k[1] == "minus_inf")] == ValueStats(0.0, 0, 0, 0)
 
 
 def _with_trips(m: onnx.ModelProto, trips: int) -> onnx.ModelProto:
@@ -200,7 +201,7 @@ def test_a_loop_carries_its_values_statistics_as_one_running_row_whatever_its_tr
         product = carried @ weight
         carried = np.tanh(product) + results["projected"]
         for name, value in zip(("body_matmul", "body_tanh", "body_add"), (product, np.tanh(product), carried)):
-            seen[name].append(expose.ValueStats.of(value, THRESHOLD))
+            seen[name].append(ValueStats.of(value, THRESHOLD))
     measured = expose.measure(exposed, results, THRESHOLD)
     for name, rows in seen.items():
         got, want = measured[next(k for k in keys if k[1] == body[name])], expose.merge({0: r} for r in rows)[0]

@@ -28,6 +28,7 @@ from amp_rewrite.inputs import samples
 from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir import io
 from amp_rewrite.ir.builder import LOW_TYPES
+from amp_rewrite.ir.measurements import Thresholds
 from amp_rewrite.ir.types import typed_index
 from amp_rewrite.numerics.compare import Errors, Tolerance, errors
 from amp_rewrite.numerics.localize import MIN_GROWTH, Suspect, localize
@@ -166,7 +167,7 @@ class Runs:
 
 
 def run_model(model: onnx.ModelProto, base_dir: str | None, provider: str, data: Sequence[Sample],
-              emulate: bool = False, watch: Sequence = (), thresholds: expose.Thresholds | None = None,
+              emulate: bool = False, watch: Sequence = (), thresholds: Thresholds | None = None,
               what: str = "model", optimize: str = "none") -> Runs:
     """Run ``model`` (emulated: with low-precision storage rounding) on every sample in one
     session (with ONNX Runtime's graph optimizations at ``optimize``, none by default), in a

@@ -1,64 +1,19 @@
-"""What the range check (``MeasureRanges``) is given to judge: measurements, as data. The rewrite
-runs nothing: ``runtime.ranges`` measures the model (its tables are what ``Table`` describes), and
-the callers above both layers (``workflows``, ``training``) start, wait for and close the
-measurement, handing the pipeline ``Ranges``, as calibration hands a quantizer its table."""
+"""What the range check (``MeasureRanges``) is given to judge: measurements, as data
+(``ir.measurements``: tables of value statistics). The rewrite runs nothing: ``runtime.ranges``
+measures the model, and the callers above both layers (``workflows``, ``training``) start, wait for
+and close the measurement, handing the pipeline ``Ranges``, as calibration hands a quantizer its table;
+what the range check leaves for them to judge later is ``Pending``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import onnx
 
 from amp_rewrite.ir.graph import Value, ValueKey
+from amp_rewrite.ir.measurements import StatsByKey, Table
 from amp_rewrite.rewrite.options import MeasurementOptions
-
-
-class Stats(Protocol):
-    """What a run showed of one float value (``expose.ValueStats``)."""
-
-    @property
-    def max_abs(self) -> float: ...
-    @property
-    def small(self) -> int: ...
-    @property
-    def subnormal(self) -> int: ...
-    @property
-    def small_share(self) -> float: ...
-
-
-class StatsByKey(Protocol):
-    """Statistics by value key, read with ``get``."""
-
-    def get(self, key: ValueKey, /) -> Stats | None: ...
-
-
-class Failure(Protocol):
-    """Why a measurement found nothing (``ranges.Failure``)."""
-
-    @property
-    def reason(self) -> str: ...
-    @property
-    def inputs(self) -> bool:
-        """Whether the data could not be made: ``reason`` is then the error itself."""
-    @property
-    def opset_floor(self) -> int | None:
-        """ONNX Runtime's oldest opset where the model stays as it is: below it, not upgradable."""
-
-
-class Table(Protocol):
-    """What a measurement found (``ranges.Table``): the extents generated inputs took, the
-    statistics by key, why it ran in this process if it did; or why it found nothing."""
-
-    @property
-    def description(self) -> str: ...
-    @property
-    def stats(self) -> StatsByKey: ...
-    @property
-    def in_process(self) -> str | None: ...
-    @property
-    def failure(self) -> Failure | None: ...
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import onnx
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir.graph import ValueKey
+from amp_rewrite.ir.measurements import Failure, PackedStats, Table, Thresholds
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
@@ -36,33 +36,6 @@ PORTABLE_NODES = 2000
 PORTABLE_BYTES = 16 << 20
 """Models up to this many top-level nodes and weight bytes are measured in the process's worker
 (``isolate``; they are pickled to it, in milliseconds) rather than in a child forked for them."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a measurement found nothing, as the range check reports it."""
-
-    reason: str
-    """The error's first line (``instrument.first_line``), or where the data could not be made
-    (``inputs``), the error itself."""
-    inputs: bool
-    """Whether the data could not be made (a ``UserError`` before any run): else ONNX Runtime
-    could not run the model on them, or crashed or hung running it."""
-    opset_floor: int | None
-    """The oldest opset ONNX Runtime has kernels for (``instrument.ORT_MIN_OPSET``) where
-    ``instrument.runnable`` leaves the model as it is: at that opset or later, or below it where
-    ``onnx.version_converter`` could not upgrade it. None where it upgraded the model."""
-
-
-class Table(NamedTuple):
-    """What a measurement found: the extents generated inputs took (empty for given data), and
-    the statistics of each measured value by key; where it found nothing, why (``failure``)."""
-
-    description: str
-    stats: expose.StatsByKey
-    in_process: str | None = None
-    """Why the measurement ran in this process (``isolate.in_process``), if it did."""
-    failure: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +154,7 @@ class Measurement:
 
 
 def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey] | None,
-          threads: int = 0) -> Callable[[Progress], tuple[str, expose.PackedStats]]:
+          threads: int = 0) -> Callable[[Progress], tuple[str, PackedStats]]:
     """The measurement of ``keys`` (None: every float value) on ``source``, for a child process:
     (what extents generated inputs took, statistics by value key). The data are drawn here,
     before any session: data that cannot be made is the error to report."""
@@ -189,24 +162,24 @@ def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey]
     candidates = (iter([samples.Attempt("", given)]) if given
                   else samples.attempts(model, source.shapes, source.seed, implied_first=False))
     first = next(candidates)
-    thresholds = expose.Thresholds.of(source.precision)
+    thresholds = Thresholds.of(source.precision)
     top = _computed_top_level(model) if keys is None else {name: (graph, name) for graph, name in keys if graph == 0}
 
-    def work(progress: Progress) -> tuple[str, expose.PackedStats]:
+    def work(progress: Progress) -> tuple[str, PackedStats]:
         # a copy where the work runs in this process: the Sigmoids are made exact in place
         lifted = expose.lift_nested(instrument.runnable(model), keys, thresholds,
                                         copy=bool(isolate.in_process()))
         expose.exact_sigmoid(lifted.model)
         return samples.first_that_runs(
             itertools.chain([first], candidates),
-            lambda data: expose.PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
+            lambda data: PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
                                                                base_dir, progress, threads)))
 
     return work
 
 
 def _measure_every_value(model: onnx.ModelProto, source: Source, base_dir,
-                         progress: Progress) -> tuple[str, expose.PackedStats]:
+                         progress: Progress) -> tuple[str, PackedStats]:
     """``start``'s work (a function of its arguments alone, so that it pickles to the worker)."""
     return _work(model, source, base_dir, None, threads=1)(progress)
 

@@ -33,9 +33,9 @@ from onnx import helper
 from amp_rewrite.inputs.samples import Sample
 from amp_rewrite.ir.graph import ValueKey, names_read, subgraphs
 from amp_rewrite.ir.io import length_delimited
+from amp_rewrite.ir.measurements import Thresholds, ValueStats
 from amp_rewrite.ir.tensors import read_array, value_bytes
 from amp_rewrite.runtime import instrument
-from amp_rewrite.runtime.expose import Thresholds, ValueStats
 from amp_rewrite.runtime.isolate import Progress, caller_waits
 
 STAGE_NODES = 500

@@ -21,6 +21,7 @@ import onnx
 from amp_rewrite.errors import printable_lines
 from amp_rewrite.inputs import samples
 from amp_rewrite.ir import io
+from amp_rewrite.ir.measurements import Thresholds
 from amp_rewrite.ir.tensors import SOURCE_TYPE_KEY
 from amp_rewrite.numerics.check import (
     DEFAULT_PROVIDER,
@@ -79,7 +80,7 @@ def convert_validated(proto: onnx.ModelProto, options: ConvertOptions,
         data += samples.resolve(calibration, proto)
     watched = expose.float_values(proto)
     reference = run_model(proto, base_dir, DEFAULT_PROVIDER, data, watch=watched,
-                          thresholds=expose.Thresholds.of(checking.precision), what="float32 model")
+                          thresholds=Thresholds.of(checking.precision), what="float32 model")
     expected, measured = reference.results, reference.measured
     top = [key for key in watched if key[0] == 0]
     validation = Validation(False, 0, len(data), 1)

@@ -8,13 +8,14 @@ import onnx
 
 from amp_rewrite.errors import RangeCheckFailed
 from amp_rewrite.ir.graph import Value, ValueKey, node_key
+from amp_rewrite.ir.measurements import Failure, StatsByKey, Table
 from amp_rewrite.ir.precision import Precision
 from amp_rewrite.ir.sizes import iter_graphs
 from amp_rewrite.ir.tensors import value_bytes
 from amp_rewrite.policy.oplists import SAME_ELEMENTS
 from amp_rewrite.rewrite.analysis import Analysis
 from amp_rewrite.rewrite.coloring import Color, Priority
-from amp_rewrite.rewrite.measuring import Failure, Pending, StatsByKey, Table
+from amp_rewrite.rewrite.measuring import Pending
 from amp_rewrite.rewrite.options import MeasurementOptions
 from amp_rewrite.rewrite.passes.base import Pass, PassResult
 from amp_rewrite.rewrite.records import recorded_fp32
@@ -38,7 +39,7 @@ class MeasureRanges(Pass[Analysis]):
     when nothing could be measured, such nodes are deny again, and the report says so
     prominently (``--range-check on``: an error).
 
-    The pass judges tables (``measuring.Table``) and runs nothing: its caller measures every float
+    The pass judges tables (``ir.measurements.Table``) and runs nothing: its caller measures every float
     value beside the analysis (``analysis.ranges.table``; which values may run low is known only
     when the coloring is done, and measuring all of them beside the analysis costs less time than
     measuring fewer after it), and gives the pass a way to measure the watched values alone where
