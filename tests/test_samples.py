@@ -1571,3 +1571,16 @@ def test_where_every_generated_set_is_passed_over_the_error_says_what_to_give() 
     passed_over = samples.Attempt("batch=8", [], longer=True)
     with pytest.raises(UserError, match="--shape NAME:DIMS or --inputs"):
         samples.first_that_runs([passed_over], lambda data: data)
+
+
+def test_inputs_the_caller_supplies_are_neither_drawn_nor_counted(monkeypatch) -> None:
+    """A training step's weights are graph inputs the step feeds itself: generated sets hold the
+    data alone, and a budget the weights alone would exceed still lets the data be drawn. A model of
+    fixed shapes past the budget is named by its inputs' shapes, not by an empty description."""
+    m = model("(float[2,4] x, float[4,256] w) => (float[2,256] y) { y = MatMul(x, w) }")
+    (attempt, *_) = samples.attempts(m, supplied={"w"})
+    assert set(attempt.samples[0]) == {"x"}
+    monkeypatch.setattr(samples, "SET_BYTES", 64)  # x is 32 bytes, w 4 KiB
+    assert set(next(samples.attempts(m, supplied={"w"})).samples[0]) == {"x"}
+    with pytest.raises(UserError, match=r"a set \(3.84e-06 GiB for x \[2, 4\], w \[4, 256\]\)"):
+        samples.generate(m)

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import zipfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, NamedTuple, TypeVar
 
@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from amp_rewrite.errors import UserError
+from amp_rewrite.errors import UserError, printable
 from amp_rewrite.inputs import dims as input_dims
 from amp_rewrite.inputs import operands
 from amp_rewrite.ir.functions import inlined
@@ -234,7 +234,7 @@ def failed_inside(refusal: BaseException | str) -> bool:
 
 
 def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, seed: int = 0,
-             count: int = 1, implied_first: bool = True) -> Iterator[Attempt]:
+             count: int = 1, implied_first: bool = True, supplied: Collection[str] = ()) -> Iterator[Attempt]:
     """Candidate sets of ``count`` generated samples, the most plausible first, each with a line
     saying what extents the dimension names got (``batch=4 (from Reshape 'r1'), seq=8``; empty
     when the model names none).
@@ -250,7 +250,9 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
     defaults first and infers what the graph implies only when they are rejected: for a
     caller that retries, the inference (a shape inference of the whole model) is paid only
     by the models that need it. ``shapes`` fix inputs outright and bind the names their
-    dimensions have: they always win. Every set is drawn from ``seed``."""
+    dimensions have: they always win. ``supplied``: inputs the caller feeds itself (a training
+    step's weights): their declared shapes bind names, but they are neither drawn nor counted in a
+    set's size. Every set is drawn from ``seed``."""
     fixed_shapes = {name: tuple(dims) for name, dims in (shapes or {}).items()}
     inputs = graph_inputs(model)
     unknown = sorted(set(fixed_shapes) - set(inputs))
@@ -321,13 +323,15 @@ def attempts(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None 
         longer = any(pin.origin == LONGER_ORIGIN for pin in pins.values())
         if longer and sum(math.prod(shape) for shape in plan.values()) > LONGER_ELEMENTS:
             continue
-        size_bytes = count * sum(math.prod(shape) * dtypes[name].itemsize for name, shape in plan.items())
+        drawing = {name: shape for name, shape in plan.items() if name not in supplied}
+        size_bytes = count * sum(math.prod(shape) * dtypes[name].itemsize for name, shape in drawing.items())
         if size_bytes > SET_BYTES:
-            too_large.append(f"{size_bytes / 2**30:.3g} GiB for {description}")
+            shown = description or ", ".join(f"{printable(name)} {list(shape)}" for name, shape in drawing.items())
+            too_large.append(f"{size_bytes / 2**30:.3g} GiB for {shown}")
             continue
         steering = operands.operand_values(index, plan, dtypes) if index is not None else {}
         # every input drawn, so that each keeps the draws it had before steering inputs were made
-        drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in plan.items()}
+        drawn = [{name: _draw(rng, name, shape, dtypes[name], highs.get(name)) for name, shape in drawing.items()}
                  for _ in range(count)]
         yield Attempt(description, [{**sample, **steering} for sample in drawn], longer)
     if len(too_large) == len(tried):

@@ -250,7 +250,8 @@ def _rewritten(proto: onnx.ModelProto, settings: ConvertOptions, initial: dict[s
     if settings.range_check == "off" or settings.calibrate:
         return measured_rewrite(proto, settings.validated())
     names = set(samples.graph_inputs(proto))
-    generated = ((attempt.samples, _GENERATED) for attempt in samples.attempts(proto, None, settings.seed))
+    generated = ((attempt.samples, _GENERATED)  # the weights are the step's own, never drawn
+                 for attempt in samples.attempts(proto, None, settings.seed, supplied=initial))
     own: list[tuple[Sequence[Mapping[str, np.ndarray]], str]] = [(list(given), "the training data")] if given else []
     refused = None
     for data, said in itertools.chain(own, generated):
