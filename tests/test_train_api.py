@@ -160,3 +160,20 @@ def test_a_step_is_written_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
     monkeypatch.undo()
     training_step(_mlp(), STEP, output_graph=tmp_path / "step.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step.onnx", "step.onnx.init.npz", "step.onnx.json"]
+
+
+def test_the_trained_model_and_its_rewrite_are_written_both_or_neither(tmp_path, monkeypatch) -> None:
+    from amp_rewrite.ir import files
+
+    real = files.writing
+
+    def mixed_fails(model, output, base_dir):
+        if str(output).endswith(".mixed.onnx"):
+            raise UserError(f"cannot write {output}: No space left on device")
+        return real(model, output, base_dir)
+
+    monkeypatch.setattr(files, "writing", mixed_fails)
+    with pytest.raises(UserError, match="No space left"):
+        train(_mlp(), _data(), STEP, FitOptions(epochs=1, progress=False), output=tmp_path / "t.onnx",
+              mixed_output=tmp_path / "t.mixed.onnx")
+    assert list(tmp_path.iterdir()) == []

@@ -23,11 +23,11 @@ class Ranges:
     every float value measured ahead (a calibration, the float32 run of a validation), used as they
     are. ``table``: the table of every float value's statistics, which the caller measures beside
     the analysis (None back where the values the range check watches should be measured on their
-    own). ``measure``: those values of the model analyzed, measured now. ``defer``: the range check leaves its values
-    ``pending`` and the caller judges them once its measurement is in (``MeasureRanges.settle``),
-    converting on meanwhile."""
+    own). ``measure``: those values of the model analyzed, measured now. ``defer``: the range check
+    leaves its values ``pending`` and the caller judges them once its measurement is in
+    (``MeasureRanges.settle``), converting on meanwhile."""
 
-    measured: StatsByKey | dict | None = None
+    measured: StatsByKey | None = None
     table: Callable[[], Table | None] | None = None
     measure: Callable[[onnx.ModelProto, list[ValueKey]], Table] | None = None
     defer: bool = False

@@ -173,7 +173,7 @@ def _work(model: onnx.ModelProto, source: Source, base_dir, keys: list[ValueKey]
         return samples.first_that_runs(
             itertools.chain([first], candidates),
             lambda data: PackedStats(stages.measure(lifted.model, top, lifted.stats, data, thresholds,
-                                                               base_dir, progress, threads)))
+                                                    base_dir, progress, threads)))
 
     return work
 

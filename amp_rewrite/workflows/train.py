@@ -25,7 +25,7 @@ from onnx import helper
 
 from amp_rewrite.errors import UserError
 from amp_rewrite.inputs.samples import read_arrays
-from amp_rewrite.ir import io
+from amp_rewrite.ir import files, io
 from amp_rewrite.rewrite.report import Report
 from amp_rewrite.runtime.step_session import fixed_extents
 from amp_rewrite.training.options import StepOptions
@@ -114,8 +114,9 @@ def train(model, data: Data, options: StepOptions | None = None, fit: FitOptions
     arrays, origin = _arrays(data, "the training data")
     evaluation = _arrays(eval_data, "the evaluation data") if eval_data is not None else None
     step = _built(model, options, fit, _first_batch(arrays, fit.batching, fit.batch_size))
+    said = step.notes
     if notes is not None:
-        for note in step.notes:
+        for note in said:
             notes(note)
     arrays = checked(step, arrays, origin, fit.batching)
     updates = fit.epochs * math.ceil(fit.batching.count(arrays, step.spec.given) / fit.batch_size) // options.accumulate
@@ -134,12 +135,13 @@ def train(model, data: Data, options: StepOptions | None = None, fit: FitOptions
     if mixed_output is not None:
         mixed_model, mixed = trainer.mixed()
     report = TrainReport(step.spec, history.epochs, history.scales, history.skipped_steps, trainer.steps,
-                         history.best_epoch, lr, schedule, step.notes, mixed)
+                         history.best_epoch, lr, schedule, said, mixed)
     if output is None:
         return _same_kind(model, trained), report
-    io.save(trained, output, None)
-    if mixed_output is not None:
-        io.save(mixed_model, mixed_output, None)
+    with files.together() as written:  # the trained model and its rewrite: both, or neither
+        written.model(trained, output)
+        if mixed_output is not None:
+            written.model(mixed_model, mixed_output)
     return output, report
 
 
