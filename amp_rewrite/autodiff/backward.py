@@ -37,7 +37,7 @@ class Backward:
     def __init__(self, index: ModelIndex, *, conv_weight_grad: str = "direct") -> None:
         self.index = index
         self.conv_weight_grad = conv_weight_grad
-        """How Conv weight gradients are formulated (see ``rules.conv_weight_grad.MODES``)."""
+        """How Conv weight gradients are formulated (see ``conv_weight_grad.MODES``)."""
         sizes = ValueSizes(index)
         self.shapes = {v.key: sizes.shape(v) for v in index.all_values()}
         self._nodes: dict[int, list[Node]] = defaultdict(list)

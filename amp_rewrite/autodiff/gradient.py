@@ -109,7 +109,7 @@ def add_backward(proto: onnx.ModelProto, loss: str, wrt: Sequence[str] | None = 
     the loss that seeds its gradient (a loss scale); ones by default. ``conv_weight_grad``
     formulates Conv and ConvTranspose weight gradients: ``direct`` (one Conv over the
     batch-transposed operands), ``grouped``, ``transposed`` or ``im2col`` where they apply
-    (``direct`` elsewhere), or ``auto`` (a rule by shape); see ``rules.conv_weight_grad``."""
+    (``direct`` elsewhere), or ``auto`` (a rule by shape); see ``conv_weight_grad``."""
     checked(conv_weight_grad)
     index = typed_index(proto)
     outputs = {o.name for o in proto.graph.output}

@@ -53,7 +53,7 @@ class StepOptions:
     batchnorm: str = "auto"
     """"train" (batch statistics, running ones updated), "freeze", or "auto" (``modes.batchnorm_mode``)."""
     conv_weight_grad: str = "direct"
-    """How Conv weight gradients are formulated (``autodiff.rules.conv_weight_grad.MODES``)."""
+    """How Conv weight gradients are formulated (``autodiff.conv_weight_grad.MODES``)."""
     flat_state: str = "off"
     """"on": one flat float32 buffer per optimizer state (``flat_state``)."""
     convert: ConvertOptions | None = None

@@ -36,7 +36,7 @@ class FitOptions:
     provider: str = "CPUExecutionProvider"
     provider_options: Mapping[str, str] = field(default_factory=dict)
     graph_mode: str = "auto"
-    """"auto" (on CUDA), "on", "off": ``training.graph_mode``."""
+    """"auto" (on CUDA), "on", "off": ``runtime.step_session``."""
     checkpoints: str | os.PathLike | None = None
     """A folder that gets ``epoch-N.npz`` after every epoch."""
     resume: str | os.PathLike | None = None
